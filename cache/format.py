@@ -1,0 +1,325 @@
+"""The on-disk node-feature file: one row-major binary file with a manifest.
+
+Layout of a feature file (all integers little-endian)::
+
+    offset 0      magic  b"HMGFEAT1"                      (8 bytes)
+    offset 8      manifest length in bytes (uint32)       (4 bytes)
+    offset 12     manifest, UTF-8 JSON                    (< 4084 bytes)
+    ...           zero padding up to ``DATA_OFFSET``
+    offset 4096   rows, row-major, ``shape[0] * row_bytes`` bytes
+    ...           zero padding up to a multiple of ``PAGE_BYTES``
+
+The manifest records ``shape``, ``dtype``, ``row_bytes``, ``data_offset``,
+``data_bytes`` and a CRC-32 ``checksum`` of the row bytes. The data start
+and the file end are aligned to 4096 bytes, so the storage tier can read any
+page run with ``O_DIRECT``.
+
+Files are written to a temporary name in the same folder, fsynced and
+renamed, so a killed writer never leaves a file that a reader trusts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "DATA_OFFSET",
+    "PAGE_BYTES",
+    "FeatureFileError",
+    "FeatureManifest",
+    "atomic_path",
+    "open_feature_file",
+    "read_manifest",
+    "verify_feature_file",
+    "write_feature_file",
+]
+
+MAGIC = b"HMGFEAT1"
+PAGE_BYTES = 4096
+DATA_OFFSET = 4096
+FORMAT_VERSION = 1
+_CHUNK_BYTES = 64 << 20
+_SUPPORTED_DTYPES = ("float16", "float32", "float64", "int8", "uint8",
+                     "int32", "int64")
+
+
+class FeatureFileError(ValueError):
+    """A feature file is missing, truncated, corrupt or of the wrong kind."""
+
+
+
+@dataclass(frozen=True)
+class FeatureManifest:
+    """What a feature file holds.
+
+    Attributes
+    ----------
+    shape : tuple of int
+        ``(num_rows, *row_shape)``.
+    dtype : str
+        NumPy dtype name of the rows, e.g. ``"float32"``.
+    checksum : str
+        ``"crc32:xxxxxxxx"`` over the row bytes.
+    data_offset : int
+        Byte offset of the first row; a multiple of ``PAGE_BYTES``.
+    version : int
+        Format version.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    checksum: str
+    data_offset: int = DATA_OFFSET
+    version: int = FORMAT_VERSION
+
+    @property
+    def num_rows(self) -> int:
+        """Number of rows."""
+        return self.shape[0]
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """Shape of one row."""
+        return tuple(self.shape[1:])
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row."""
+        return int(np.prod(self.row_shape, dtype=np.int64)) * np.dtype(
+            self.dtype
+        ).itemsize
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of all rows, without padding."""
+        return self.num_rows * self.row_bytes
+
+    @property
+    def file_bytes(self) -> int:
+        """Size of the whole file, padding included."""
+        return self.data_offset + _round_up(self.data_bytes, PAGE_BYTES)
+
+    def to_json(self) -> str:
+        """The manifest as JSON, with the derived sizes for readers."""
+        record = asdict(self)
+        record["shape"] = list(self.shape)
+        record["row_bytes"] = self.row_bytes
+        record["data_bytes"] = self.data_bytes
+        return json.dumps(record, sort_keys=True)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return (value + multiple - 1) // multiple * multiple
+
+
+def _bytes_of(rows: np.ndarray) -> np.ndarray:
+    """The rows as a flat uint8 view (no copy for contiguous rows)."""
+    return np.ascontiguousarray(rows).reshape(-1).view(np.uint8)
+
+
+def _crc32(rows: np.ndarray) -> str:
+    view = _bytes_of(rows)
+    crc = 0
+    for start in range(0, len(view), _CHUNK_BYTES):
+        crc = zlib.crc32(view[start:start + _CHUNK_BYTES], crc)
+    return f"crc32:{crc:08x}"
+
+
+class atomic_path:
+    """Context manager yielding a temporary path renamed onto ``path``.
+
+    The temporary file sits in the same folder (so the rename is atomic),
+    is fsynced before the rename and removed if the block raises.
+
+    Examples
+    --------
+    >>> with atomic_path("graph.bin") as tmp:  # doctest: +SKIP
+    ...     write_everything(tmp)
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.tmp = self.path.with_name(
+            f".{self.path.name}.tmp-{os.getpid()}"
+        )
+
+    def __enter__(self) -> Path:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.tmp.unlink(missing_ok=True)
+            return
+        fd = os.open(self.tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(self.tmp, self.path)
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def write_feature_file(
+    path: str | os.PathLike, rows: np.ndarray
+) -> FeatureManifest:
+    """Write ``rows`` as a feature file, atomically.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Destination. An existing file is replaced only once the new one is
+        complete and fsynced.
+    rows : numpy.ndarray
+        At least 2-D; the first axis indexes rows. A torch tensor is
+        accepted through ``numpy()``.
+
+    Returns
+    -------
+    FeatureManifest
+        The manifest written into the header.
+    """
+    if hasattr(rows, "numpy"):
+        rows = rows.detach().cpu().numpy()
+    rows = np.ascontiguousarray(rows)
+    if rows.ndim < 2:
+        raise FeatureFileError(
+            f"feature rows must be at least 2-D (rows, features); "
+            f"got shape {tuple(rows.shape)}"
+        )
+    if rows.dtype.name not in _SUPPORTED_DTYPES:
+        raise FeatureFileError(
+            f"unsupported feature dtype {rows.dtype.name}; "
+            f"supported: {', '.join(_SUPPORTED_DTYPES)}"
+        )
+    manifest = FeatureManifest(
+        shape=tuple(int(s) for s in rows.shape),
+        dtype=rows.dtype.name,
+        checksum=_crc32(rows),
+    )
+    header = manifest.to_json().encode()
+    if len(MAGIC) + 4 + len(header) > DATA_OFFSET:
+        raise FeatureFileError(f"manifest too long: {len(header)} bytes")
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + struct.pack("<I", len(header)) + header)
+            f.seek(DATA_OFFSET)
+            view = _bytes_of(rows)
+            for start in range(0, len(view), _CHUNK_BYTES):
+                f.write(view[start:start + _CHUNK_BYTES])
+            f.truncate(manifest.file_bytes)
+    return manifest
+
+
+def read_manifest(path: str | os.PathLike) -> FeatureManifest:
+    """Read and check the header of a feature file.
+
+    Checks the magic, the manifest and the file size (a truncated file is
+    refused). Does not read the rows; see `verify_feature_file`.
+
+    Raises
+    ------
+    FeatureFileError
+        One line naming the file and what is wrong with it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FeatureFileError(f"feature file {path} does not exist")
+    with open(path, "rb") as f:
+        head = f.read(DATA_OFFSET)
+    if len(head) < len(MAGIC) + 4 or head[: len(MAGIC)] != MAGIC:
+        raise FeatureFileError(
+            f"{path} is not an hmgraph feature file (bad magic); "
+            f"delete it to rebuild it"
+        )
+    (length,) = struct.unpack("<I", head[len(MAGIC):len(MAGIC) + 4])
+    try:
+        record = json.loads(head[len(MAGIC) + 4:len(MAGIC) + 4 + length])
+        manifest = FeatureManifest(
+            shape=tuple(int(s) for s in record["shape"]),
+            dtype=str(record["dtype"]),
+            checksum=str(record["checksum"]),
+            data_offset=int(record["data_offset"]),
+            version=int(record["version"]),
+        )
+    except (ValueError, KeyError, TypeError) as err:
+        raise FeatureFileError(
+            f"{path} has an unreadable manifest ({err}); "
+            f"delete it to rebuild it"
+        ) from None
+    if manifest.version != FORMAT_VERSION:
+        raise FeatureFileError(
+            f"{path} has format version {manifest.version}; this hmgraph "
+            f"reads version {FORMAT_VERSION}"
+        )
+    size = path.stat().st_size
+    if size < manifest.file_bytes:
+        raise FeatureFileError(
+            f"feature file {path} is truncated: {size} bytes, its manifest "
+            f"needs {manifest.file_bytes}; delete it to rebuild it"
+        )
+    return manifest
+
+
+def open_feature_file(
+    path: str | os.PathLike, verify: bool = False
+) -> tuple[FeatureManifest, np.memmap]:
+    """Map a feature file read-only.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The feature file.
+    verify : bool
+        Also recompute the checksum of all rows (reads the whole file).
+
+    Returns
+    -------
+    (FeatureManifest, numpy.memmap)
+        The manifest and a read-only row-major view of the rows (CPU).
+    """
+    manifest = verify_feature_file(path) if verify else read_manifest(path)
+    if manifest.data_bytes == 0:  # mmap cannot map zero bytes
+        return manifest, np.empty(manifest.shape, np.dtype(manifest.dtype))
+    rows = np.memmap(
+        path,
+        dtype=np.dtype(manifest.dtype),
+        mode="r",
+        offset=manifest.data_offset,
+        shape=manifest.shape,
+    )
+    return manifest, rows
+
+
+def verify_feature_file(path: str | os.PathLike) -> FeatureManifest:
+    """Check header, size and checksum of a feature file.
+
+    Raises
+    ------
+    FeatureFileError
+        When the rows do not match the manifest's checksum.
+    """
+    manifest = read_manifest(path)
+    rows = np.memmap(
+        path, dtype=np.uint8, mode="r", offset=manifest.data_offset,
+        shape=(manifest.data_bytes,),
+    ) if manifest.data_bytes else np.zeros(0, np.uint8)
+    actual = _crc32(rows)
+    if actual != manifest.checksum:
+        raise FeatureFileError(
+            f"feature file {path} fails its checksum: manifest says "
+            f"{manifest.checksum}, rows give {actual}; delete it to "
+            f"rebuild it"
+        )
+    return manifest

@@ -1,0 +1,181 @@
+"""The ``hmgraph`` command line.
+
+``hmgraph train`` trains a node classifier; every mistake in the input is
+reported as one line on stderr with exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+__all__ = ["main", "parse_fanouts"]
+
+
+class CliError(ValueError):
+    """A bad command-line value."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (no usage dump)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def parse_fanouts(text: str) -> list[int]:
+    """Parse ``"15,10,5"`` into ``[15, 10, 5]``.
+
+    Each fanout is a positive integer, or -1 for all neighbours.
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        Naming the bad value.
+    """
+    fanouts = []
+    for part in text.split(","):
+        try:
+            value = int(part)
+        except ValueError:
+            value = 0
+        if value == 0 or value < -1 or part.strip() != part:
+            raise argparse.ArgumentTypeError(
+                f"invalid fanouts {text!r}: {part!r} is not a positive "
+                f"integer or -1 (all neighbours); example: 15,10,5"
+            )
+        fanouts.append(value)
+    return fanouts
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a positive integer"
+        )
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number in [0, 1)"
+        )
+    return value
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    from hmgraph.datasets import known_datasets
+    from hmgraph.models import MODELS
+
+    parser = _Parser(
+        prog="hmgraph",
+        description="GNN training on graphs whose features outgrow memory.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log debug messages")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser(
+        "train", help="node classification with neighbour sampling",
+        description="Train a GNN node classifier with mini-batch neighbour "
+        "sampling and report OGB-style results.",
+    )
+    train.add_argument("--dataset", default="synth-small",
+                       help=f"one of: {', '.join(known_datasets())}")
+    train.add_argument("--root", default="data",
+                       help="folder holding datasets (default: data)")
+    train.add_argument("--model", default="sage", choices=sorted(MODELS))
+    train.add_argument("--fanouts", type=parse_fanouts, default=[15, 10, 5],
+                       help="neighbours per layer, e.g. 15,10,5; "
+                       "the count sets the number of layers")
+    train.add_argument("--batch-size", type=_positive_int, default=1024)
+    train.add_argument("--hidden", type=_positive_int, default=256)
+    train.add_argument("--layers", type=_positive_int, default=None,
+                       help="number of layers; must match the fanouts "
+                       "(a single fanout is repeated)")
+    train.add_argument("--dropout", type=_fraction, default=0.5)
+    train.add_argument("--lr", type=float, default=0.003)
+    train.add_argument("--weight-decay", type=float, default=0.0)
+    train.add_argument("--num-heads", type=_positive_int, default=4,
+                       help="attention heads (gat)")
+    train.add_argument("--epochs", type=_positive_int, default=5)
+    train.add_argument("--runs", type=_positive_int, default=1)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--device", default="cpu",
+                       help="cpu, cuda or cuda:N")
+    train.add_argument("--eval-every", type=_positive_int, default=1)
+    train.add_argument("--out", default=None,
+                       help="output folder (default runs/DATASET-MODEL)")
+    train.add_argument("--resume", action="store_true",
+                       help="continue from OUT/checkpoint.pt")
+    train.add_argument("--no-verify", action="store_true",
+                       help="skip the feature file's checksum")
+    train.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def _train_command(args) -> int:
+    import torch
+
+    from hmgraph.report import format_result
+    from hmgraph.train import TrainConfig, train
+
+    fanouts = args.fanouts
+    if args.layers is not None:
+        if len(fanouts) == 1:
+            fanouts = fanouts * args.layers
+        elif len(fanouts) != args.layers:
+            raise CliError(
+                f"--layers {args.layers} does not match --fanouts "
+                f"{','.join(map(str, fanouts))} ({len(fanouts)} layers)"
+            )
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise CliError(f"--device {args.device}: no CUDA device here; "
+                       f"use --device cpu")
+    config = TrainConfig(
+        dataset=args.dataset, root=args.root, model=args.model,
+        fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
+        dropout=args.dropout, lr=args.lr, weight_decay=args.weight_decay,
+        num_heads=args.num_heads, epochs=args.epochs, runs=args.runs,
+        seed=args.seed, device=args.device, eval_every=args.eval_every,
+        out=args.out or f"runs/{args.dataset}-{args.model}",
+        resume=args.resume, verify=not args.no_verify,
+        progress=not args.no_progress,
+    )
+    result = train(config)
+    print(format_result(result))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``hmgraph`` console script."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    commands = {"train": _train_command}
+    try:
+        return commands[args.command](args)
+    except (ValueError, FileNotFoundError) as err:
+        message = str(err).strip().splitlines()[0] if str(err) else repr(err)
+        print(f"hmgraph {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"hmgraph {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

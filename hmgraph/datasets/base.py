@@ -1,0 +1,171 @@
+"""The node dataset every loader returns, and its node-feature file."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hmgraph.cache.format import (
+    FeatureFileError,
+    FeatureManifest,
+    read_manifest,
+    verify_feature_file,
+    write_feature_file,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AccuracyEvaluator", "NodeDataset", "attach_feature_file"]
+
+FEATURE_FILE = "node-feat.bin"
+
+
+class AccuracyEvaluator:
+    """Accuracy with the interface of `ogb.nodeproppred.Evaluator`.
+
+    Used for datasets that OGB's evaluator does not know (synthetic graphs,
+    Planetoid). ``eval({"y_true": ..., "y_pred": ...})`` takes arrays or
+    tensors of shape (num_nodes, 1) and returns ``{"acc": float}``.
+    """
+
+    eval_metric = "acc"
+    num_tasks = 1
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def eval(self, input_dict: dict) -> dict:
+        """See `ogb.nodeproppred.Evaluator.eval`."""
+        y_true = torch.as_tensor(input_dict["y_true"]).reshape(-1)
+        y_pred = torch.as_tensor(input_dict["y_pred"]).reshape(-1)
+        if y_true.shape != y_pred.shape:
+            raise ValueError(
+                f"y_true has shape {tuple(y_true.shape)} but y_pred has "
+                f"{tuple(y_pred.shape)}"
+            )
+        if y_true.numel() == 0:
+            return {"acc": 0.0}
+        return {"acc": float((y_true == y_pred).double().mean())}
+
+
+@dataclass
+class NodeDataset:
+    """A node-classification dataset, ready for training.
+
+    Attributes
+    ----------
+    name : str
+        Dataset name, e.g. ``"ogbn-arxiv"`` or ``"synth-small"``.
+    graph : dgl.DGLGraph
+        Homogeneous graph on the CPU, with ``ndata["feat"]`` (float rows)
+        and ``ndata["label"]``.
+    labels : torch.Tensor
+        int64, shape (num_nodes,); -1 where a node has no label.
+    split : dict of str to torch.Tensor
+        ``"train"``, ``"valid"``, ``"test"``: int64 node ids (CPU).
+    num_classes : int
+        Number of classes.
+    evaluator : object
+        ``ogb.nodeproppred.Evaluator`` for OGB datasets, else an
+        `AccuracyEvaluator`; both have ``eval`` and ``eval_metric``.
+    feature_path : pathlib.Path
+        The node-feature file (see `hmgraph.cache.format`), rows in node-id
+        order, data start aligned to 4096 bytes for ``O_DIRECT``.
+    """
+
+    name: str
+    graph: object
+    labels: torch.Tensor
+    split: dict[str, torch.Tensor]
+    num_classes: int
+    evaluator: object
+    feature_path: Path
+    info: dict = field(default_factory=dict)
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of nodes."""
+        return self.graph.num_nodes()
+
+    @property
+    def features(self) -> torch.Tensor:
+        """Node features in memory, shape (num_nodes, feat_dim), CPU."""
+        return self.graph.ndata["feat"]
+
+    @property
+    def feat_dim(self) -> int:
+        """Width of one feature row."""
+        return int(self.features.shape[1])
+
+    @property
+    def manifest(self) -> FeatureManifest:
+        """The manifest of the feature file."""
+        return read_manifest(self.feature_path)
+
+    def evaluate(self, logits: torch.Tensor, split: str) -> float:
+        """The evaluator's metric of ``logits`` on one split.
+
+        Parameters
+        ----------
+        logits : torch.Tensor
+            Shape (num_nodes, num_classes), rows in node-id order.
+        split : str
+            ``"train"``, ``"valid"`` or ``"test"``.
+        """
+        ids = self.split[split]
+        y_pred = logits[ids].argmax(dim=-1, keepdim=True).cpu()
+        y_true = self.labels[ids].reshape(-1, 1)
+        result = self.evaluator.eval({"y_true": y_true, "y_pred": y_pred})
+        return float(result[self.evaluator.eval_metric])
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{k}={v.numel()}" for k, v in self.split.items())
+        return (
+            f"NodeDataset({self.name!r}, num_nodes={self.num_nodes}, "
+            f"num_edges={self.graph.num_edges()}, feat_dim={self.feat_dim}, "
+            f"num_classes={self.num_classes}, {sizes})"
+        )
+
+
+def attach_feature_file(
+    features: torch.Tensor, folder: str | os.PathLike, verify: bool = True
+) -> Path:
+    """Make sure ``folder`` holds the feature file of ``features``.
+
+    A missing file is written (atomically). An existing file is checked: it
+    must be complete, of the right shape and dtype and, with ``verify``,
+    match its checksum; otherwise one line says what is wrong.
+
+    Returns
+    -------
+    pathlib.Path
+        Path of the feature file.
+    """
+    path = Path(folder) / FEATURE_FILE
+    rows = features.numpy()
+    if not path.exists():
+        log.info("writing feature file %s", path)
+        write_feature_file(path, rows)
+        return path
+    manifest = verify_feature_file(path) if verify else read_manifest(path)
+    if manifest.shape != rows.shape or manifest.dtype != rows.dtype.name:
+        raise FeatureFileError(
+            f"feature file {path} holds {manifest.dtype} rows of shape "
+            f"{manifest.shape}, but the dataset has {rows.dtype.name} "
+            f"{tuple(rows.shape)}; delete it to rebuild it"
+        )
+    return path
+
+
+def as_labels(raw) -> torch.Tensor:
+    """Labels as int64 of shape (num_nodes,), -1 for missing (NaN)."""
+    labels = torch.as_tensor(np.asarray(raw)).reshape(-1)
+    if labels.is_floating_point():
+        missing = torch.isnan(labels)
+        labels = torch.where(missing, torch.full_like(labels, -1), labels)
+    return labels.long()

@@ -1,0 +1,165 @@
+"""Layer-wise full-neighbour inference over all nodes of a graph.
+
+Sampled mini-batch inference recomputes shared neighbours at every hop and
+is noisy. As in DGL's ogbn-products examples, layer-wise inference instead
+computes layer ``i`` for every node, one chunk of nodes at a time, with the
+full one-hop neighbourhood, before moving to layer ``i + 1``. Each node's
+representation is computed once per layer, and only two layers' outputs are
+held in CPU memory at any time.
+"""
+
+import dgl
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+__all__ = ["layerwise_inference"]
+
+
+def _gather_rows(features, ids):
+    """Return ``features[ids]`` as a CPU torch tensor.
+
+    Parameters
+    ----------
+    features : torch.Tensor or numpy.ndarray
+        A 2-D CPU tensor or a NumPy array / ``np.memmap``.
+    ids : torch.Tensor
+        Row ids on the CPU, shape ``(n,)``, without duplicates.
+
+    Returns
+    -------
+    torch.Tensor
+        Shape ``(n, features.shape[1])``, on the CPU, in the order of
+        ``ids``.
+    """
+    if isinstance(features, torch.Tensor):
+        return features.index_select(0, ids.to(torch.int64))
+    # Read a NumPy array (possibly a memmap) in ascending row order, which
+    # keeps disk reads sequential, then put the rows back in ``ids`` order.
+    ids = ids.numpy()
+    order = np.argsort(ids, kind="stable")
+    sorted_rows = torch.from_numpy(np.asarray(features[ids[order]]))
+    rows = torch.empty_like(sorted_rows)
+    rows[torch.from_numpy(order)] = sorted_rows
+    return rows
+
+
+def _check_features(graph, features):
+    """Raise if ``features`` cannot be the node features of ``graph``."""
+    if not isinstance(features, (torch.Tensor, np.ndarray)):
+        raise TypeError(
+            "features must be a torch.Tensor or a numpy array; got "
+            f"{type(features).__name__}"
+        )
+    if isinstance(features, torch.Tensor) and features.device.type != "cpu":
+        raise ValueError(
+            f"features must be on the CPU; got device {features.device}"
+        )
+    if features.ndim != 2 or features.shape[0] != graph.num_nodes():
+        raise ValueError(
+            f"features must have shape (num_nodes={graph.num_nodes()}, "
+            f"in_feats); got {tuple(features.shape)}"
+        )
+
+
+def layerwise_inference(
+    model, graph, features, device="cpu", batch_size=4096, progress=False
+):
+    """Compute the logits of every node with full neighbourhoods.
+
+    For each layer ``i`` of ``model`` and each chunk of ``batch_size`` node
+    ids, this builds the one-hop full-neighbour block with
+    ``dgl.dataloading.MultiLayerFullNeighborSampler(1)``, gathers the
+    previous layer's rows of the block's input nodes, moves them to
+    ``device`` and runs ``model.forward_layer(i, block, h)``. Outputs are
+    written into a preallocated CPU tensor; only the previous and the
+    current layer's outputs are kept.
+
+    The model runs in eval mode under ``torch.no_grad()``; its previous
+    train/eval mode is restored on return, also when an error is raised.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A model with ``layers`` (one entry per hop) and
+        ``forward_layer(i, block, h)``, such as those in `MODELS`, with its
+        parameters on ``device``.
+    graph : dgl.DGLGraph
+        A homogeneous graph on the CPU.
+    features : torch.Tensor or numpy.ndarray
+        Node features of shape ``(graph.num_nodes(), in_feats)``: a CPU
+        tensor (possibly backed by a memmap) or a NumPy array /
+        ``np.memmap``. Rows are cast to the model's parameter dtype.
+    device : str or torch.device, optional
+        Where each layer is computed. Default: ``"cpu"``.
+    batch_size : int, optional
+        Number of output nodes per block. Default: ``4096``.
+    progress : bool, optional
+        Whether to show a tqdm progress bar per layer. Default: ``False``.
+
+    Returns
+    -------
+    torch.Tensor
+        Logits of shape ``(graph.num_nodes(), num_classes)``, on the CPU,
+        row ``v`` for node ``v``.
+
+    Raises
+    ------
+    TypeError
+        If ``features`` is neither a torch tensor nor a NumPy array.
+    ValueError
+        If ``features`` has the wrong shape or is not on the CPU, if the
+        graph has no nodes, or if ``batch_size`` is not positive.
+
+    Notes
+    -----
+    `GCNConv` normalises by the degrees of each block's own edges, as DGL's
+    ``GraphConv`` does, so a GCN's result depends on ``batch_size``; it
+    equals one full-graph pass only when ``batch_size >= num_nodes``.
+
+    Examples
+    --------
+    >>> model = build_model("sage", feats.shape[1], 256, 47).to("cuda")
+    >>> logits = layerwise_inference(model, graph, feats, device="cuda")
+    >>> pred = logits.argmax(dim=1)
+    """
+    _check_features(graph, features)
+    num_nodes = graph.num_nodes()
+    if num_nodes == 0:
+        raise ValueError("graph has no nodes")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive; got {batch_size!r}")
+    device = torch.device(device)
+    dtype = next(model.parameters()).dtype
+    sampler = dgl.dataloading.MultiLayerFullNeighborSampler(1)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            h_prev = features
+            for i in range(len(model.layers)):
+                h_next = None
+                starts = tqdm(
+                    range(0, num_nodes, batch_size),
+                    desc=f"layer {i}",
+                    disable=not progress,
+                )
+                for start in starts:
+                    end = min(start + batch_size, num_nodes)
+                    # (1) One-hop full-neighbour block of this chunk.
+                    seeds = torch.arange(start, end, dtype=graph.idtype)
+                    input_nodes, _, blocks = sampler.sample(graph, seeds)
+                    # (2) Previous layer's rows of the input nodes.
+                    h = _gather_rows(h_prev, input_nodes)
+                    h = h.to(device=device, dtype=dtype)
+                    # (3) This layer, written back to the CPU output.
+                    out = model.forward_layer(i, blocks[0], h)
+                    if h_next is None:
+                        h_next = torch.empty(
+                            (num_nodes, *out.shape[1:]), dtype=out.dtype
+                        )
+                    h_next[start:end] = out.cpu()
+                h_prev = h_next
+    finally:
+        model.train(was_training)
+    return h_prev

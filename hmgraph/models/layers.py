@@ -1,0 +1,340 @@
+"""GNN layers computed with plain torch operations over block edge indices.
+
+The DGL wheel we depend on is CPU-only, so DGL graphs and blocks stay on the
+CPU while features may live on any device. Each layer here reads the block's
+edge ids, moves them to the feature device and does message passing with
+``index_select`` / ``index_add_`` / ``scatter_reduce``. On the CPU the layers
+are numerically equal to their ``dgl.nn`` counterparts, and their parameter
+names and shapes are identical, so
+``ours.load_state_dict(dgl_layer.state_dict())`` works.
+
+All layers take ``forward(block, x)`` where ``block`` is a DGL block (its
+destination nodes are the first ``block.num_dst_nodes()`` source nodes) and
+``x`` holds the features of the block's source nodes.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["SAGEConv", "GCNConv", "GATConv"]
+
+
+def _edge_index(block, x):
+    """Return the block's (src, dst) edge ids as int64 on ``x.device``.
+
+    Parameters
+    ----------
+    block : dgl.DGLGraph
+        A DGL block whose ``edges()`` are on the CPU.
+    x : torch.Tensor
+        Source node features, shape ``(block.num_src_nodes(), in_feats)``.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``src`` and ``dst`` ids, each of shape ``(num_edges,)``, int64, on
+        ``x.device``.
+    """
+    if x.dim() != 2 or x.shape[0] != block.num_src_nodes():
+        raise ValueError(
+            f"x must have shape (num_src_nodes={block.num_src_nodes()}, "
+            f"in_feats); got {tuple(x.shape)}"
+        )
+    src, dst = block.edges()
+    return (
+        src.to(device=x.device, dtype=torch.int64),
+        dst.to(device=x.device, dtype=torch.int64),
+    )
+
+
+def _in_degrees(dst, num_dst, x):
+    """Return in-degrees of the dst nodes as a float tensor on ``x.device``."""
+    return torch.bincount(dst, minlength=num_dst).to(x.dtype)
+
+
+def _sum_by_dst(messages, dst, num_dst):
+    """Sum per-edge ``messages`` into their dst rows.
+
+    Parameters
+    ----------
+    messages : torch.Tensor
+        Shape ``(num_edges, *feat_shape)``.
+    dst : torch.Tensor
+        int64 dst ids of shape ``(num_edges,)``, same device as ``messages``.
+    num_dst : int
+        Number of dst nodes.
+
+    Returns
+    -------
+    torch.Tensor
+        Shape ``(num_dst, *feat_shape)``, same device as ``messages``; zero
+        for dst nodes without in-edges.
+    """
+    out = messages.new_zeros((num_dst, *messages.shape[1:]))
+    return out.index_add_(0, dst, messages)
+
+
+class SAGEConv(nn.Module):
+    """GraphSAGE layer with the mean aggregator.
+
+    Computes ``fc_self(h_dst) + fc_neigh(mean_{u -> v} h_u)``; a dst node
+    with zero in-degree gets a zero neighbour mean. Equal to
+    ``dgl.nn.SAGEConv(in_feats, out_feats, "mean", bias=bias)``, with the
+    same parameters: ``fc_neigh.weight`` and ``fc_self.weight`` /
+    ``fc_self.bias`` (DGL keeps the bias inside ``fc_self``; there is no
+    top-level ``bias`` for the mean aggregator).
+
+    Parameters
+    ----------
+    in_feats : int
+        Input feature size.
+    out_feats : int
+        Output feature size.
+    bias : bool, optional
+        Whether ``fc_self`` has a bias. Default: ``True``.
+    """
+
+    def __init__(self, in_feats, out_feats, bias=True):
+        super().__init__()
+        self.in_feats = in_feats
+        self.out_feats = out_feats
+        self.fc_neigh = nn.Linear(in_feats, out_feats, bias=False)
+        self.fc_self = nn.Linear(in_feats, out_feats, bias=bias)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """Reinitialise weights with Glorot uniform (ReLU gain), as DGL."""
+        gain = nn.init.calculate_gain("relu")
+        nn.init.xavier_uniform_(self.fc_self.weight, gain=gain)
+        nn.init.xavier_uniform_(self.fc_neigh.weight, gain=gain)
+        if self.fc_self.bias is not None:
+            nn.init.zeros_(self.fc_self.bias)
+
+    def forward(self, block, x):
+        """Compute the layer on one block.
+
+        Parameters
+        ----------
+        block : dgl.DGLGraph
+            A DGL block on the CPU.
+        x : torch.Tensor
+            Source node features, shape ``(num_src, in_feats)``, on any
+            device.
+
+        Returns
+        -------
+        torch.Tensor
+            Shape ``(num_dst, out_feats)``, on ``x.device``.
+        """
+        src, dst = _edge_index(block, x)
+        num_dst = block.num_dst_nodes()
+        # Project before aggregating when that shrinks the messages, as DGL.
+        lin_before_mp = self.in_feats > self.out_feats
+        h_src = self.fc_neigh(x) if lin_before_mp else x
+        h_neigh = _sum_by_dst(h_src.index_select(0, src), dst, num_dst)
+        degrees = _in_degrees(dst, num_dst, x).clamp(min=1)
+        h_neigh = h_neigh / degrees.unsqueeze(-1)
+        if not lin_before_mp:
+            h_neigh = self.fc_neigh(h_neigh)
+        return self.fc_self(x[:num_dst]) + h_neigh
+
+    def extra_repr(self):
+        return f"in_feats={self.in_feats}, out_feats={self.out_feats}"
+
+
+class GCNConv(nn.Module):
+    """Graph convolution with symmetric normalisation.
+
+    Computes ``d_in(v)^-1/2 * sum_{u -> v} d_out(u)^-1/2 h_u W + b`` where
+    the degrees are those of the block's own edges, clamped to at least 1.
+    Equal to ``dgl.nn.GraphConv(in_feats, out_feats, norm="both",
+    allow_zero_in_degree=True)`` with the same parameters: ``weight`` of
+    shape ``(in_feats, out_feats)`` and ``bias`` of shape ``(out_feats,)``.
+
+    Parameters
+    ----------
+    in_feats : int
+        Input feature size.
+    out_feats : int
+        Output feature size.
+    bias : bool, optional
+        Whether to add a learnable bias. Default: ``True``.
+
+    Notes
+    -----
+    The source out-degrees count only the block's edges, so a source node's
+    weight depends on which dst nodes share the block: the same node gets
+    different outputs in blocks of different seed sets, and layer-wise
+    inference in chunks differs from one full-graph pass.
+    """
+
+    def __init__(self, in_feats, out_feats, bias=True):
+        super().__init__()
+        self.in_feats = in_feats
+        self.out_feats = out_feats
+        self.weight = nn.Parameter(torch.empty(in_feats, out_feats))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_feats))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """Reinitialise: Glorot uniform weight, zero bias, as DGL."""
+        nn.init.xavier_uniform_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, block, x):
+        """Compute the layer on one block.
+
+        Parameters
+        ----------
+        block : dgl.DGLGraph
+            A DGL block on the CPU.
+        x : torch.Tensor
+            Source node features, shape ``(num_src, in_feats)``, on any
+            device.
+
+        Returns
+        -------
+        torch.Tensor
+            Shape ``(num_dst, out_feats)``, on ``x.device``.
+        """
+        src, dst = _edge_index(block, x)
+        num_src, num_dst = x.shape[0], block.num_dst_nodes()
+        out_degrees = torch.bincount(src, minlength=num_src).to(x.dtype)
+        h = x * out_degrees.clamp(min=1).pow(-0.5).unsqueeze(-1)
+        # Multiply by W on the narrower side of the aggregation, as DGL.
+        if self.in_feats > self.out_feats:
+            h = h @ self.weight
+            h = _sum_by_dst(h.index_select(0, src), dst, num_dst)
+        else:
+            h = _sum_by_dst(h.index_select(0, src), dst, num_dst)
+            h = h @ self.weight
+        in_degrees = _in_degrees(dst, num_dst, x).clamp(min=1)
+        h = h * in_degrees.pow(-0.5).unsqueeze(-1)
+        if self.bias is not None:
+            h = h + self.bias
+        return h
+
+    def extra_repr(self):
+        return f"in_feats={self.in_feats}, out_feats={self.out_feats}"
+
+
+class GATConv(nn.Module):
+    """Graph attention layer (GAT) with ``num_heads`` heads.
+
+    Equal to ``dgl.nn.GATConv(in_feats, out_feats, num_heads, feat_drop,
+    attn_drop, negative_slope, residual=False, allow_zero_in_degree=True,
+    bias=bias)`` with the same parameters: ``fc.weight`` of shape
+    ``(num_heads * out_feats, in_feats)``, ``attn_l`` and ``attn_r`` of
+    shape ``(1, num_heads, out_feats)`` and ``bias`` of shape
+    ``(num_heads * out_feats,)``. The edge softmax over each dst node's
+    in-edges subtracts a scatter max, exponentiates and divides by a
+    scatter sum; a dst node without in-edges aggregates to zero (plus bias).
+
+    Unlike DGL's fused kernels, the weighted messages are materialised as a
+    ``(num_edges, num_heads, out_feats)`` tensor.
+
+    Parameters
+    ----------
+    in_feats : int
+        Input feature size.
+    out_feats : int
+        Output feature size per head.
+    num_heads : int
+        Number of attention heads.
+    feat_drop : float, optional
+        Dropout rate on the input features. Default: ``0.0``.
+    attn_drop : float, optional
+        Dropout rate on the attention weights. Default: ``0.0``.
+    negative_slope : float, optional
+        LeakyReLU slope for the attention logits. Default: ``0.2``.
+    bias : bool, optional
+        Whether to add a learnable bias. Default: ``True``.
+    """
+
+    def __init__(
+        self,
+        in_feats,
+        out_feats,
+        num_heads,
+        feat_drop=0.0,
+        attn_drop=0.0,
+        negative_slope=0.2,
+        bias=True,
+    ):
+        super().__init__()
+        self.in_feats = in_feats
+        self.out_feats = out_feats
+        self.num_heads = num_heads
+        self.negative_slope = negative_slope
+        self.fc = nn.Linear(in_feats, out_feats * num_heads, bias=False)
+        self.attn_l = nn.Parameter(torch.empty(1, num_heads, out_feats))
+        self.attn_r = nn.Parameter(torch.empty(1, num_heads, out_feats))
+        self.feat_drop = nn.Dropout(feat_drop)
+        self.attn_drop = nn.Dropout(attn_drop)
+        if bias:
+            self.bias = nn.Parameter(torch.empty(num_heads * out_feats))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """Reinitialise: Glorot normal (ReLU gain), zero bias, as DGL."""
+        gain = nn.init.calculate_gain("relu")
+        nn.init.xavier_normal_(self.fc.weight, gain=gain)
+        nn.init.xavier_normal_(self.attn_l, gain=gain)
+        nn.init.xavier_normal_(self.attn_r, gain=gain)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, block, x):
+        """Compute the layer on one block.
+
+        Parameters
+        ----------
+        block : dgl.DGLGraph
+            A DGL block on the CPU.
+        x : torch.Tensor
+            Source node features, shape ``(num_src, in_feats)``, on any
+            device.
+
+        Returns
+        -------
+        torch.Tensor
+            Shape ``(num_dst, num_heads, out_feats)``, on ``x.device``.
+        """
+        src, dst = _edge_index(block, x)
+        num_dst = block.num_dst_nodes()
+        heads, out_feats = self.num_heads, self.out_feats
+        feat_src = self.fc(self.feat_drop(x)).view(-1, heads, out_feats)
+        feat_dst = feat_src[:num_dst]
+        # (1) Attention logits per edge and head: a_l Wh_u + a_r Wh_v.
+        el = (feat_src * self.attn_l).sum(dim=-1)
+        er = (feat_dst * self.attn_r).sum(dim=-1)
+        logits = el.index_select(0, src) + er.index_select(0, dst)
+        logits = F.leaky_relu(logits, self.negative_slope)
+        # (2) Softmax over each dst node's in-edges. The max is only for
+        # numerical stability, so it is kept out of the autograd graph.
+        index = dst.unsqueeze(-1).expand_as(logits)
+        dst_max = logits.new_zeros((num_dst, heads)).scatter_reduce_(
+            0, index, logits.detach(), reduce="amax", include_self=False
+        )
+        weights = torch.exp(logits - dst_max.index_select(0, dst))
+        denom = _sum_by_dst(weights, dst, num_dst)
+        attn = self.attn_drop(weights / denom.index_select(0, dst))
+        # (3) Weighted sum of source messages.
+        messages = feat_src.index_select(0, src) * attn.unsqueeze(-1)
+        h = _sum_by_dst(messages, dst, num_dst)
+        if self.bias is not None:
+            h = h + self.bias.view(1, heads, out_feats)
+        return h
+
+    def extra_repr(self):
+        return (
+            f"in_feats={self.in_feats}, out_feats={self.out_feats}, "
+            f"num_heads={self.num_heads}"
+        )

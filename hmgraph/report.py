@@ -1,0 +1,105 @@
+"""Compare training results side by side.
+
+``python -m hmgraph.report A/result.json B/result.json`` prints one row per
+result: model, test metric (mean ± std over runs), mean epoch seconds and
+their split into sample / fetch / train.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["compare", "format_result"]
+
+
+def mean_seconds(epochs: list[dict], stage: str) -> float:
+    """Mean seconds of one stage over epoch records; 0.0 for none."""
+    if not epochs:
+        return 0.0
+    return sum(e["seconds"][stage] for e in epochs) / len(epochs)
+
+
+def format_result(result: dict) -> str:
+    """A short human table of one training result, one row per run."""
+    metric = result["metric"]
+    lines = [result["dataset"], "",
+             f"| run | best epoch | valid {metric} | test {metric} | "
+             f"epoch s | sample s | fetch s | train s |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for record in result["runs"]:
+        epochs = record["epochs"]
+        lines.append(
+            f"| {record['run']} | {record['best_epoch']} | "
+            f"{record['best_valid']:.4f} | "
+            f"{record['test_at_best_valid']:.4f} | "
+            + " | ".join(f"{mean_seconds(epochs, stage):.2f}" for stage in
+                         ("epoch", "sample", "fetch", "train"))
+            + " |"
+        )
+    s = result["summary"]
+    lines += ["", f"Valid {metric}: {s['valid_mean']:.4f} ± "
+              f"{s['valid_std']:.4f}",
+              f"Test {metric}: {s['test_mean']:.4f} ± {s['test_std']:.4f}"
+              f"  ({s['runs']} runs)",
+              f"result: {result['path']}"]
+    return "\n".join(lines)
+
+
+def compare(results: list[dict]) -> str:
+    """A markdown table comparing training results.
+
+    Parameters
+    ----------
+    results : list of dict
+        Results as written by `hmgraph.train.train` (``result.json``).
+
+    Returns
+    -------
+    str
+        The table, then one line naming the best model and its margin.
+    """
+    lines = ["| model | dataset | test | epoch s | sample s | fetch s | "
+             "train s |", "|---|---|---:|---:|---:|---:|---:|"]
+    for result in results:
+        epochs = [e for r in result["runs"] for e in r["epochs"]]
+        s = result["summary"]
+        lines.append(
+            f"| {result['config']['model']} | {result['config']['dataset']} "
+            f"| {s['test_mean']:.4f} ± {s['test_std']:.4f} | "
+            + " | ".join(f"{mean_seconds(epochs, stage):.2f}" for stage in
+                         ("epoch", "sample", "fetch", "train"))
+            + " |"
+        )
+    ranked = sorted(results, key=lambda r: r["summary"]["test_mean"],
+                    reverse=True)
+    if len(ranked) > 1:
+        best, second = ranked[0], ranked[1]
+        margin = best["summary"]["test_mean"] - second["summary"][
+            "test_mean"]
+        lines += ["", f"{best['config']['model']} leads "
+                  f"{second['config']['model']} by {100 * margin:.1f} "
+                  f"points of test {best['metric']}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """Print the comparison of the result files named in ``argv``."""
+    if not argv:
+        print("usage: python -m hmgraph.report RESULT.json [...]",
+              file=sys.stderr)
+        return 2
+    results = []
+    for name in argv:
+        path = Path(name)
+        if not path.is_file():
+            print(f"report: error: {path} does not exist", file=sys.stderr)
+            return 2
+        results.append(json.loads(path.read_text()))
+    print(compare(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

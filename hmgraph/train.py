@@ -1,0 +1,278 @@
+"""Node classification with mini-batch neighbour sampling.
+
+`train` runs the whole job: for each run, epochs of sampled mini-batches
+through `hmgraph.DataLoader`, full-neighbour layer-wise evaluation, best
+validation model selection (the test metric reported is the one at the
+epoch of best validation, as OGB's leaderboard asks), an atomic checkpoint
+after every epoch, and a JSON result file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from hmgraph.cache.format import atomic_path
+from hmgraph.loader import DataLoader
+from hmgraph.models import build_model, layerwise_inference
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CheckpointError", "TrainConfig", "train"]
+
+# Settings a checkpoint must share with the run that resumes it.
+_CHECKPOINT_KEYS = (
+    "dataset", "model", "fanouts", "batch_size", "hidden", "layers",
+    "dropout", "lr", "weight_decay", "num_heads", "seed",
+)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be resumed; the message says which setting."""
+
+
+@dataclass
+class TrainConfig:
+    """Settings of one training job (all JSON-serialisable).
+
+    Attributes
+    ----------
+    fanouts : list of int
+        Neighbours sampled per layer, first layer first; -1 takes all.
+        Its length is the number of GNN layers.
+    eval_every : int
+        Evaluate (full-neighbour inference on all nodes) every this many
+        epochs and after the last one.
+    """
+
+    dataset: str = "synth-small"
+    root: str = "data"
+    model: str = "sage"
+    fanouts: list = field(default_factory=lambda: [15, 10, 5])
+    batch_size: int = 1024
+    hidden: int = 256
+    dropout: float = 0.5
+    lr: float = 0.003
+    weight_decay: float = 0.0
+    num_heads: int = 4
+    epochs: int = 5
+    runs: int = 1
+    seed: int = 0
+    device: str = "cpu"
+    eval_every: int = 1
+    eval_batch_size: int = 8192
+    out: str = "runs/latest"
+    resume: bool = False
+    verify: bool = True
+    progress: bool = True
+
+    @property
+    def layers(self) -> int:
+        """Number of GNN layers (one per fanout)."""
+        return len(self.fanouts)
+
+    def as_dict(self) -> dict:
+        """The settings as a plain dict."""
+        return dataclasses.asdict(self)
+
+
+def train(config: TrainConfig, dataset=None) -> dict:
+    """Train and evaluate; write ``result.json`` under ``config.out``.
+
+    Parameters
+    ----------
+    config : TrainConfig
+        The settings.
+    dataset : hmgraph.datasets.NodeDataset, optional
+        Already loaded data; loaded from ``config`` when omitted.
+
+    Returns
+    -------
+    dict
+        The result: ``config``, ``dataset``, ``metric``, ``runs`` (per run:
+        per-epoch loss, metrics and seconds; best epoch; test metric at best
+        validation), ``summary`` (mean and std over runs) and ``path``.
+    """
+    import dgl
+
+    from hmgraph import datasets
+
+    if dataset is None:
+        dataset = datasets.load(config.dataset, config.root, config.verify)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint_path = out / "checkpoint.pt"
+    state = _load_checkpoint(checkpoint_path, config) if config.resume \
+        else None
+    completed = state["completed"] if state else []
+    device = torch.device(config.device)
+    if config.model == "mlp":
+        # An MLP reads no neighbours: empty blocks of the same depth
+        # (DGL 2.1's fused sampler drops the source nodes at fanout 0).
+        sampler = dgl.dataloading.NeighborSampler([0] * config.layers,
+                                                  fused=False)
+    else:
+        sampler = dgl.dataloading.NeighborSampler(config.fanouts)
+    loader = DataLoader(
+        dataset.graph, dataset.split["train"], sampler,
+        batch_size=config.batch_size, shuffle=True, device=device,
+        seed=config.seed,
+    )
+    metric = dataset.evaluator.eval_metric
+    log.info("%s", dataset)
+    for run in range(len(completed), config.runs):
+        record = _train_run(config, dataset, loader, run, state, device,
+                            checkpoint_path, completed)
+        completed.append(record)
+        state = None
+    result = {
+        "config": config.as_dict(),
+        "dataset": repr(dataset),
+        "metric": metric,
+        "runs": completed,
+        "summary": summarize(completed),
+    }
+    result_path = out / "result.json"
+    with atomic_path(result_path) as tmp:
+        tmp.write_text(json.dumps(result, indent=1))
+    result["path"] = str(result_path)
+    return result
+
+
+def _train_run(config, dataset, loader, run, state, device, checkpoint_path,
+               completed) -> dict:
+    seed = config.seed + 1000 * run
+    torch.manual_seed(seed)
+    model = build_model(
+        config.model, dataset.feat_dim, config.hidden, dataset.num_classes,
+        num_layers=config.layers, dropout=config.dropout,
+        num_heads=config.num_heads,
+    ).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
+                                 weight_decay=config.weight_decay)
+    record = {"run": run, "epochs": [], "best_epoch": -1,
+              "best_valid": -math.inf, "test_at_best_valid": 0.0}
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        record = state["record"]
+    for epoch in range(len(record["epochs"]), config.epochs):
+        entry = _train_epoch(config, model, optimizer, loader, run, epoch)
+        if (epoch + 1) % config.eval_every == 0 or epoch + 1 == config.epochs:
+            start = time.perf_counter()
+            logits = layerwise_inference(
+                model, dataset.graph, dataset.features, device,
+                batch_size=config.eval_batch_size,
+            )
+            entry.update({
+                split: dataset.evaluate(logits, split)
+                for split in ("train", "valid", "test")
+            })
+            entry["seconds"]["eval"] = time.perf_counter() - start
+            if entry["valid"] > record["best_valid"]:
+                record.update(best_epoch=epoch, best_valid=entry["valid"],
+                              test_at_best_valid=entry["test"])
+            log.info(
+                "run %d epoch %d: loss %.4f train %.4f valid %.4f test %.4f",
+                run, epoch, entry["loss"], entry["train"], entry["valid"],
+                entry["test"],
+            )
+        record["epochs"].append(entry)
+        _save_checkpoint(checkpoint_path, config, model, optimizer, record,
+                         completed)
+    return record
+
+
+def _train_epoch(config, model, optimizer, loader, run, epoch) -> dict:
+    torch.manual_seed(config.seed + 1000 * run + epoch)
+    loader.set_epoch(epoch + 1000 * run)
+    loader.stats.reset()
+    model.train()
+    total_loss, total_seeds, train_seconds = 0.0, 0, 0.0
+    start = time.perf_counter()
+    batches = tqdm(loader, desc=f"run {run} epoch {epoch}", leave=False,
+                   disable=not config.progress)
+    for batch in batches:
+        step = time.perf_counter()
+        logits = model(batch.blocks, batch.x)
+        loss = F.cross_entropy(logits, batch.y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        train_seconds += time.perf_counter() - step
+        n = batch.y.numel()
+        total_loss += float(loss) * n
+        total_seeds += n
+        batches.set_postfix(loss=f"{float(loss):.3f}")
+    seconds = dict(loader.stats.seconds)
+    seconds["train"] = train_seconds
+    seconds["epoch"] = time.perf_counter() - start
+    return {"epoch": epoch, "loss": total_loss / max(total_seeds, 1),
+            "seconds": seconds}
+
+
+def summarize(records: list[dict]) -> dict:
+    """Mean and standard deviation over runs, as OGB's leaderboard reports.
+
+    Returns
+    -------
+    dict
+        ``valid_mean``, ``valid_std``, ``test_mean``, ``test_std`` of the
+        best-validation epoch of every run; 0.0 for an empty list.
+    """
+    if not records:
+        return {"valid_mean": 0.0, "valid_std": 0.0,
+                "test_mean": 0.0, "test_std": 0.0, "runs": 0}
+    valid = torch.tensor([r["best_valid"] for r in records],
+                         dtype=torch.float64)
+    test = torch.tensor([r["test_at_best_valid"] for r in records],
+                        dtype=torch.float64)
+    std = (0.0, 0.0) if len(records) == 1 else (float(valid.std()),
+                                                float(test.std()))
+    return {"valid_mean": float(valid.mean()), "valid_std": std[0],
+            "test_mean": float(test.mean()), "test_std": std[1],
+            "runs": len(records)}
+
+
+def _save_checkpoint(path, config, model, optimizer, record, completed):
+    state = {
+        "config": {k: getattr(config, k) for k in _CHECKPOINT_KEYS},
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "record": record,
+        "completed": completed,
+    }
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+
+
+def _load_checkpoint(path: Path, config: TrainConfig):
+    if not path.is_file():
+        log.info("no checkpoint at %s; starting afresh", path)
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unreadable file
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read ({type(err).__name__}); "
+            f"delete it or train without --resume"
+        ) from None
+    saved = state.get("config", {})
+    for key in _CHECKPOINT_KEYS:
+        if saved.get(key) != getattr(config, key):
+            raise CheckpointError(
+                f"checkpoint {path} was written with {key}="
+                f"{saved.get(key)!r}, but this run has {key}="
+                f"{getattr(config, key)!r}; use the same setting or "
+                f"another --out"
+            )
+    return state

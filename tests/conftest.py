@@ -1,0 +1,45 @@
+"""Shared fixtures: a generated synth-tiny root and the shared data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# As hmgraph/__init__ does, before anything imports torch or dgl.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory):
+    """Keep hmgraph's cache of read-only datasets inside the test run."""
+    os.environ["HMGRAPH_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory) -> Path:
+    """A dataset root in which synth-tiny has been generated once."""
+    from hmgraph.datasets.synthetic import make_synthetic
+
+    root = tmp_path_factory.mktemp("data")
+    make_synthetic("synth-tiny", root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny(data_root):
+    """synth-tiny, loaded."""
+    from hmgraph import datasets
+
+    return datasets.load("synth-tiny", data_root)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """``../shared/data``; tests that use it skip when it is absent."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared datasets not found at {SHARED_DATA}")
+    return SHARED_DATA

@@ -9,6 +9,7 @@ import pytest
 
 # As hmgraph/__init__ does, before anything imports torch or dgl.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("OUTDATED_IGNORE", "1")
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -43,8 +43,6 @@ OGB_NODE_DATASETS = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
 # OGB stores these as directed edge lists; GNNs train on both directions.
 _DIRECTED = {"ogbn-arxiv", "ogbn-papers100M"}
 _DOWNLOAD_TIMEOUT_SECONDS = 30
-# ogb asks PyPI for its latest version on import; never phone home.
-os.environ.setdefault("OUTDATED_IGNORE", "1")
 
 
 class DatasetError(ValueError):

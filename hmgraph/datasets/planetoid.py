@@ -11,6 +11,7 @@ without self-loops.
 from __future__ import annotations
 
 import pickle
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +60,9 @@ def read_planetoid(name: str, folder: str | Path) -> dict:
                 f"Planetoid file {path} is missing; {name} needs "
                 f"ind.{name}.{{{','.join(_PARTS)},test.index}}"
             )
-        with open(path, "rb") as f:
+        with open(path, "rb") as f, warnings.catch_warnings():
+            # The pickles name scipy.sparse.csr, a deprecated module path.
+            warnings.simplefilter("ignore", DeprecationWarning)
             parts[part] = pickle.load(f, encoding="latin1")
     index_path = folder / f"ind.{name}.test.index"
     test_index = np.loadtxt(index_path, dtype=np.int64).reshape(-1)

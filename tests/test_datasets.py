@@ -1,0 +1,138 @@
+"""Datasets: synthetic round trip through ogb, Planetoid, feature files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hmgraph.cache.format import open_feature_file
+
+from hmgraph import datasets
+from hmgraph.datasets.synthetic import SPECS, generate, make_synthetic
+
+
+def test_synthetic_round_trip_through_ogb(tiny):
+    """What ogb's saver wrote and its DGL reader read is what we made."""
+    spec = SPECS["synth-tiny"]
+    made = generate(spec)
+    graph = tiny.graph
+    assert graph.num_nodes() == spec.num_nodes
+    # Every undirected edge, in both directions.
+    src, dst = graph.edges()
+    got = set(zip(src.tolist(), dst.tolist()))
+    a, b = made["edge_index"]
+    want = set(zip(a.tolist(), b.tolist())) | set(zip(b.tolist(),
+                                                      a.tolist()))
+    assert got == want
+    assert graph.num_edges() == 2 * made["edge_index"].shape[1]
+    np.testing.assert_array_equal(tiny.features.numpy(), made["node_feat"])
+    np.testing.assert_array_equal(tiny.labels.numpy(), made["label"])
+    for part in ("train", "valid", "test"):
+        np.testing.assert_array_equal(tiny.split[part].numpy(),
+                                      made[part])
+    assert tiny.num_classes == spec.num_classes
+    assert tiny.evaluator.eval_metric == "acc"
+
+
+def test_synthetic_shape(tiny):
+    """Power-law degrees, labels tied to communities, a real split."""
+    degrees = tiny.graph.in_degrees().float()
+    spec = SPECS["synth-tiny"]
+    assert abs(degrees.mean().item() - spec.avg_degree) < 0.5
+    assert degrees.max() > 10 * degrees.mean()  # heavy tail: hubs
+    split = tiny.split
+    ids = torch.cat([split["train"], split["valid"], split["test"]])
+    assert ids.unique().numel() == ids.numel() == spec.num_nodes
+    # Neighbours mostly share a label (what a GNN exploits).
+    src, dst = tiny.graph.edges()
+    same = (tiny.labels[src] == tiny.labels[dst]).float().mean()
+    assert same > 0.5
+
+
+def test_generation_is_seeded():
+    spec = SPECS["synth-tiny"]
+    first, second = generate(spec), generate(spec)
+    for key in first:
+        np.testing.assert_array_equal(first[key], second[key])
+
+
+def test_generated_dataset_is_reused(data_root):
+    folder = data_root / "synth_tiny"
+    stamp = (folder / "raw" / "data.npz").stat().st_mtime_ns
+    assert make_synthetic("synth-tiny", data_root) == folder
+    assert (folder / "raw" / "data.npz").stat().st_mtime_ns == stamp
+
+
+def test_feature_file_equals_features(tiny):
+    manifest, rows = open_feature_file(tiny.feature_path, verify=True)
+    assert manifest.shape == tuple(tiny.features.shape)
+    assert manifest.dtype == "float32"
+    np.testing.assert_array_equal(rows, tiny.features.numpy())
+
+
+def test_planetoid_cora(shared_data):
+    cora = datasets.load("cora", shared_data)
+    assert cora.num_nodes == 2708
+    assert cora.graph.num_edges() == 10556
+    assert cora.feat_dim == 1433 and cora.num_classes == 7
+    assert [cora.split[k].numel() for k in ("train", "valid", "test")] == [
+        140, 500, 1000]
+    assert torch.equal(cora.split["train"], torch.arange(140))
+    counts = torch.bincount(cora.labels, minlength=7).tolist()
+    assert counts == [351, 217, 418, 818, 426, 298, 180]
+    # Rows are normalised; the feature file holds exactly them.
+    sums = cora.features.sum(1)
+    assert torch.allclose(sums[sums > 0], torch.ones(1))
+    _, rows = open_feature_file(cora.feature_path, verify=True)
+    np.testing.assert_array_equal(rows, cora.features.numpy())
+    # Read-only shared data is never written into.
+    assert shared_data not in cora.feature_path.parents
+
+
+def test_planetoid_citeseer(shared_data):
+    citeseer = datasets.load("citeseer", shared_data)
+    assert citeseer.num_nodes == 3327 and citeseer.num_classes == 6
+    assert citeseer.split["test"].numel() == 1000
+
+
+ERRORS = {
+    "unknown-name": ("cora2", "unknown dataset 'cora2'; known: synth-tiny"),
+    "pubmed-missing": ("pubmed", "pubmed not found under"),
+}
+
+
+@pytest.mark.parametrize("name,match", ERRORS.values(), ids=ERRORS.keys())
+def test_load_errors(tmp_path, name, match):
+    with pytest.raises(datasets.DatasetError, match=match):
+        datasets.load(name, tmp_path)
+
+
+def test_missing_root(tmp_path):
+    with pytest.raises(datasets.DatasetError, match="does not exist"):
+        datasets.load("synth-tiny", tmp_path / "nope")
+
+
+def test_ogb_dataset_without_copy_or_network(tmp_path, monkeypatch):
+    """No local copy and no download: one line saying where and how."""
+    import urllib.request
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network here")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.raises(datasets.DatasetError) as info:
+        datasets.load("ogbn-arxiv", tmp_path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "ogbn-arxiv is not under" in message
+    assert str(tmp_path / "ogbn_arxiv") in message
+    assert "copy its folder ogbn_arxiv/" in message
+
+
+def test_accuracy_evaluator():
+    evaluator = datasets.AccuracyEvaluator("x")
+    y = torch.tensor([[0], [1], [2], [2]])
+    p = torch.tensor([[0], [1], [1], [2]])
+    assert evaluator.eval({"y_true": y, "y_pred": p}) == {"acc": 0.75}
+    empty = torch.zeros(0, 1)
+    assert evaluator.eval({"y_true": empty, "y_pred": empty}) == {"acc": 0.0}

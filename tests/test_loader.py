@@ -1,0 +1,115 @@
+"""`hmgraph.DataLoader` keeps DGL's mini-batch contract."""
+
+from __future__ import annotations
+
+import dgl
+import numpy as np
+import pytest
+import torch
+from hmgraph.cache.format import open_feature_file
+
+from hmgraph import DataLoader
+
+SAMPLERS = {
+    "neighbor": lambda: dgl.dataloading.NeighborSampler([5, 3]),
+    "full": lambda: dgl.dataloading.MultiLayerFullNeighborSampler(2),
+    "labor": lambda: dgl.dataloading.LaborSampler([4, 4]),
+}
+
+
+@pytest.mark.parametrize("make_sampler", SAMPLERS.values(),
+                         ids=SAMPLERS.keys())
+def test_batches_follow_dgl_contract(tiny, make_sampler):
+    seeds = tiny.split["valid"]
+    loader = DataLoader(tiny.graph, seeds, make_sampler(), batch_size=128,
+                        shuffle=True, seed=3)
+    seen = []
+    for input_nodes, output_nodes, blocks in loader:
+        assert len(blocks) == 2
+        assert torch.equal(blocks[-1].dstdata[dgl.NID], output_nodes)
+        assert torch.equal(blocks[0].srcdata[dgl.NID], input_nodes)
+        # Output nodes come first among the inputs, as DGL promises.
+        n = output_nodes.numel()
+        assert torch.equal(input_nodes[:n], output_nodes)
+        assert torch.equal(blocks[0].srcdata["feat"],
+                           tiny.features[input_nodes])
+        assert torch.equal(blocks[-1].dstdata["label"],
+                           tiny.labels[output_nodes])
+        seen.append(output_nodes)
+    seen = torch.cat(seen)
+    assert len(seen) == seeds.numel()
+    assert torch.equal(seen.sort().values, seeds.sort().values)
+    assert loader.stats.batches == len(loader) == 4
+    assert loader.stats.rows_requested > seeds.numel()
+
+
+def test_rows_equal_the_feature_file(tiny):
+    """Reading rows from the memmapped feature file gives the same batch."""
+    _, rows = open_feature_file(tiny.feature_path)
+    sampler = dgl.dataloading.NeighborSampler([5, 3])
+    from_file = DataLoader(tiny.graph, tiny.split["train"], sampler,
+                           batch_size=300, features=rows)
+    for batch in from_file:
+        assert torch.equal(batch.x, tiny.features[batch.input_nodes])
+        assert torch.equal(batch.x, torch.from_numpy(
+            np.asarray(rows[batch.input_nodes.numpy()])))
+
+
+def test_shuffle_is_seeded_per_epoch(tiny):
+    sampler = dgl.dataloading.NeighborSampler([2])
+    loader = DataLoader(tiny.graph, tiny.split["train"], sampler,
+                        batch_size=100, shuffle=True, seed=7)
+
+    def order():
+        return torch.cat([b.output_nodes for b in loader])
+
+    loader.set_epoch(0)
+    first = order()
+    assert torch.equal(first, order())
+    loader.set_epoch(1)
+    assert not torch.equal(first, order())
+
+
+@pytest.mark.parametrize("drop_last,expected", [(False, 4), (True, 3)],
+                         ids=["keep-last", "drop-last"])
+def test_len_and_drop_last(tiny, drop_last, expected):
+    seeds = tiny.split["train"][:350]
+    loader = DataLoader(tiny.graph, seeds,
+                        dgl.dataloading.NeighborSampler([2]),
+                        batch_size=100, drop_last=drop_last)
+    sizes = [b.output_nodes.numel() for b in loader]
+    assert len(loader) == len(sizes) == expected
+    assert sizes[-1] == (100 if drop_last else 50)
+
+
+BAD = {
+    "id-too-large": (dict(indices=torch.tensor([0, 10_000])),
+                     ValueError, "seed id 10000 out of range"),
+    "negative-id": (dict(indices=torch.tensor([-3, 1])),
+                    ValueError, "seed id -3 out of range"),
+    "float-ids": (dict(indices=torch.tensor([0.5])),
+                  TypeError, "integer tensor"),
+    "zero-batch": (dict(batch_size=0), ValueError, "batch_size must be"),
+    "short-features": (dict(features=torch.zeros(5, 3)), ValueError,
+                       "features have 5 rows, but the graph has 10000"),
+}
+
+
+@pytest.mark.parametrize("kwargs,error,match", BAD.values(), ids=BAD.keys())
+def test_bad_arguments(tiny, kwargs, error, match):
+    args = dict(indices=tiny.split["train"], batch_size=10)
+    args.update(kwargs)
+    indices = args.pop("indices")
+    with pytest.raises(error, match=match):
+        DataLoader(tiny.graph, indices,
+                   dgl.dataloading.NeighborSampler([2]), **args)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_batches_on_cuda(tiny):
+    loader = DataLoader(tiny.graph, tiny.split["valid"],
+                        dgl.dataloading.NeighborSampler([5, 3]),
+                        batch_size=128, device="cuda")
+    for batch in loader:
+        assert batch.x.is_cuda and batch.y.is_cuda
+        assert torch.equal(batch.x.cpu(), tiny.features[batch.input_nodes])

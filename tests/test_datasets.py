@@ -19,10 +19,10 @@ def test_synthetic_round_trip_through_ogb(tiny):
     assert graph.num_nodes() == spec.num_nodes
     # Every undirected edge, in both directions.
     src, dst = graph.edges()
-    got = set(zip(src.tolist(), dst.tolist()))
+    got = set(zip(src.tolist(), dst.tolist(), strict=True))
     a, b = made["edge_index"]
-    want = set(zip(a.tolist(), b.tolist())) | set(zip(b.tolist(),
-                                                      a.tolist()))
+    want = {*zip(a.tolist(), b.tolist(), strict=True),
+            *zip(b.tolist(), a.tolist(), strict=True)}
     assert got == want
     assert graph.num_edges() == 2 * made["edge_index"].shape[1]
     np.testing.assert_array_equal(tiny.features.numpy(), made["node_feat"])

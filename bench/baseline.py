@@ -59,10 +59,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import dgl  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from hmgraph.cache.format import atomic_path  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from hmgraph import datasets  # noqa: E402
+from hmgraph.cache.format import atomic_path  # noqa: E402
 from hmgraph.models import MODELS, build_model  # noqa: E402
 
 SEED = 0
@@ -111,8 +111,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--root", default="data",
                         help="folder holding the datasets (default: data)")
     parser.add_argument("--fanouts", default="15,10,5",
-                        help="neighbours per hop, input hop last "
-                        "(default: 15,10,5)")
+                        help="neighbours per layer, input layer first as in "
+                        "DGL (default: 15,10,5)")
     parser.add_argument("--batch-size", type=int, default=1024,
                         help="seed nodes per batch (default: 1024)")
     parser.add_argument("--epochs", type=int, default=1,
@@ -163,8 +163,8 @@ def parse_fanouts(text: str) -> list[int]:
     Parameters
     ----------
     text : str
-        Comma-separated positive ints, one per hop (``-1``: all
-        neighbours).
+        Comma-separated positive ints, one per layer, input layer first
+        as in `dgl.dataloading.NeighborSampler` (``-1``: all neighbours).
 
     Returns
     -------

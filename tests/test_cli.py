@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from hmgraph.cache.format import DATA_OFFSET
 
+from hmgraph.cache.format import DATA_OFFSET
 from hmgraph.cli import main
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hmgraph.cache.format import open_feature_file
 
 from hmgraph import datasets
+from hmgraph.cache.format import open_feature_file
 from hmgraph.datasets.synthetic import SPECS, generate, make_synthetic
 
 

@@ -8,6 +8,7 @@ import struct
 
 import numpy as np
 import pytest
+
 from hmgraph.cache.format import (
     DATA_OFFSET,
     PAGE_BYTES,

@@ -6,9 +6,9 @@ import dgl
 import numpy as np
 import pytest
 import torch
-from hmgraph.cache.format import open_feature_file
 
 from hmgraph import DataLoader
+from hmgraph.cache.format import open_feature_file
 
 SAMPLERS = {
     "neighbor": lambda: dgl.dataloading.NeighborSampler([5, 3]),

@@ -1,0 +1,252 @@
+"""Feature caches: policies applied to slot stores over a source tier.
+
+A `FeatureCache` is a `Feature` that answers reads from cache layers before
+its source (the storage tier, or rows in memory). Each `Layer` pairs one
+policy with one or more slot stores:
+
+* the coordinated HMGraph cache is **one** layer whose policy spans the
+  device and the host store together, so a row lives in at most one of
+  them (exclusive); static rows go to the device first, admitted rows to
+  whichever store has a free slot, device first;
+* the peers (``degree``, ``presample``, ``lru``, ``clock``) are a device
+  layer stacked over a host layer, each with its own policy, as systems
+  without coordination run them.
+
+Lookups resolve layer by layer in vectorised steps; misses of the last
+layer are read from the source in one call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from hmgraph.cache.feature import Feature, check_ids
+from hmgraph.cache.policies import Policy
+from hmgraph.cache.slots import SlotStore
+
+__all__ = ["CacheStats", "FeatureCache", "Layer"]
+
+_WARM_CHUNK_ROWS = 1 << 16
+
+
+@dataclass
+class Layer:
+    """One policy over one or more slot stores (filled in order)."""
+
+    policy: Policy
+    stores: list[SlotStore]
+
+    def __post_init__(self):
+        capacity = sum(store.capacity for store in self.stores)
+        if capacity != self.policy.capacity:
+            raise ValueError(
+                f"policy {self.policy.name} holds {self.policy.capacity} "
+                f"rows but its stores hold {capacity}"
+            )
+
+
+@dataclass
+class CacheStats:
+    """Counters of a feature cache; rates are 0.0 before any request.
+
+    Attributes
+    ----------
+    requests : int
+        Read calls.
+    rows_requested : int
+        Unique ids asked, summed over reads.
+    hits : dict of str to int
+        Rows served per store name (``device``, ``host``) and ``source``.
+    admitted, evicted : dict of str to int
+        Rows inserted into / removed from each store while reading.
+    bytes : dict of str to int
+        Bytes per link: ``storage->host`` (rows from the source) and
+        ``host->device`` (rows that crossed to the training device).
+    seconds : float
+        Wall time spent in reads.
+    """
+
+    requests: int = 0
+    rows_requested: int = 0
+    hits: dict = field(default_factory=dict)
+    admitted: dict = field(default_factory=dict)
+    evicted: dict = field(default_factory=dict)
+    bytes: dict = field(default_factory=lambda: {
+        "storage->host": 0, "host->device": 0})
+    seconds: float = 0.0
+
+    def hit_rate(self, tier: str) -> float:
+        """Share of requested rows served by ``tier``."""
+        if self.rows_requested == 0:
+            return 0.0
+        return self.hits.get(tier, 0) / self.rows_requested
+
+    @property
+    def miss_rate(self) -> float:
+        """Share of requested rows read from the source."""
+        return self.hit_rate("source")
+
+    def reset(self) -> None:
+        """Zero every counter."""
+        self.__init__()
+
+    def as_dict(self) -> dict:
+        """Counters and per-tier hit rates as a JSON-ready dict."""
+        return {
+            "requests": self.requests,
+            "rows_requested": self.rows_requested,
+            "hits": dict(self.hits),
+            "hit_rate": {k: self.hit_rate(k) for k in self.hits},
+            "admitted": dict(self.admitted),
+            "evicted": dict(self.evicted),
+            "bytes": dict(self.bytes),
+            "seconds": self.seconds,
+        }
+
+
+def _add(counter: dict, key: str, value: int) -> None:
+    counter[key] = counter.get(key, 0) + int(value)
+
+
+class FeatureCache(Feature):
+    """Rows served from cache layers, misses read from ``source``.
+
+    Parameters
+    ----------
+    source : Feature
+        Where misses come from (e.g. the storage tier); rows on the CPU.
+    layers : list of Layer
+        Consulted in order; an id missed by one layer goes to the next.
+    device : torch.device or str
+        Where `read` returns rows (the training device).
+
+    Notes
+    -----
+    Static policies are filled at construction (rows read from the source
+    in chunks). See `Feature.read`; `read` also takes ``future``, the
+    unique ids of the batches ahead, for policies that look ahead.
+    """
+
+    def __init__(self, source: Feature, layers: Sequence[Layer],
+                 device="cpu"):
+        self.source = source
+        self.layers = list(layers)
+        self.num_rows = source.num_rows
+        self.row_shape = source.row_shape
+        self.dtype = source.dtype
+        self.device = torch.device(device)
+        self.stats = CacheStats()
+        for layer in self.layers:
+            self._warm(layer)
+
+    @property
+    def stores(self) -> list[SlotStore]:
+        """Every slot store, layer by layer."""
+        return [store for layer in self.layers for store in layer.stores]
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes of row memory held per store name."""
+        held: dict[str, int] = {}
+        for store in self.stores:
+            _add(held, store.name, store.nbytes)
+        return held
+
+    def read(self, ids, future: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+        """See `Feature.read`.
+
+        Parameters
+        ----------
+        future : sequence of torch.Tensor
+            Unique ids of the next batches, nearest first; used by
+            lookahead policies and ignored by the others.
+        """
+        return self._read(check_ids(ids, self.num_rows), future)
+
+    def _read(self, ids, future=()) -> torch.Tensor:
+        start = time.perf_counter()
+        unique, inverse = torch.unique(ids, return_inverse=True)
+        out = torch.empty((unique.numel(), *self.row_shape),
+                          dtype=self.dtype, device=self.device)
+        pending = torch.arange(unique.numel())  # positions not yet served
+        admissions = []
+        # (1) Each layer serves its hits and decides its admissions.
+        for layer in self.layers:
+            asked = unique[pending]
+            step = layer.policy.step(asked, future)
+            served = torch.zeros(asked.numel(), dtype=torch.bool)
+            for store in layer.stores:
+                slots = store.slots(asked)
+                found = slots >= 0
+                if found.any():
+                    out[pending[found].to(self.device)] = store.gather(
+                        slots[found]).to(self.device)
+                    self._count_hits(store.name, int(found.sum()))
+                    served |= found
+            assert torch.equal(served, step.hit), "stores and policy differ"
+            pending = pending[~served]
+            admissions.append((layer, step))
+        # (2) The rest comes from the source.
+        missed = unique[pending]
+        if missed.numel():
+            rows = self.source.read(missed)
+            out[pending.to(self.device)] = rows.to(self.device)
+            _add(self.stats.bytes, "storage->host",
+                 self.row_bytes * missed.numel())
+        self._count_hits("source", missed.numel())
+        # (3) Apply evictions, then admissions (rows are all in `out`).
+        for layer, step in admissions:
+            self._apply(layer, step, unique, out)
+        self.stats.requests += 1
+        self.stats.rows_requested += unique.numel()
+        self.stats.seconds += time.perf_counter() - start
+        return out[inverse.to(self.device)]
+
+    def _count_hits(self, tier: str, rows: int) -> None:
+        """Rows served by ``tier``; all but the device's cross to it."""
+        _add(self.stats.hits, tier, rows)
+        if tier != "device":
+            _add(self.stats.bytes, "host->device", rows * self.row_bytes)
+
+    def _apply(self, layer: Layer, step, unique, out) -> None:
+        for store in layer.stores:
+            freed = store.remove(step.evict)
+            _add(self.stats.evicted, store.name, freed.numel())
+        admit = step.admit
+        if admit.numel() == 0:
+            return
+        positions = torch.searchsorted(unique, admit)
+        for store in layer.stores:
+            take = min(store.num_free, admit.numel())
+            if take:
+                store.insert(admit[:take], out[positions[:take].to(
+                    self.device)])
+                _add(self.stats.admitted, store.name, take)
+                admit, positions = admit[take:], positions[take:]
+        assert admit.numel() == 0, "policy admitted more than it can hold"
+
+    def _warm(self, layer: Layer) -> None:
+        ids = layer.policy.warm()
+        stores = iter(layer.stores)
+        store = next(stores, None)
+        for start in range(0, ids.numel(), _WARM_CHUNK_ROWS):
+            chunk = ids[start:start + _WARM_CHUNK_ROWS]
+            rows = self.source.read(chunk)
+            while chunk.numel():
+                while store is not None and store.num_free == 0:
+                    store = next(stores, None)
+                assert store is not None, "warm set larger than the layer"
+                take = min(store.num_free, chunk.numel())
+                store.insert(chunk[:take], rows[:take])
+                chunk, rows = chunk[take:], rows[take:]
+
+    def close(self) -> None:
+        """Close the source."""
+        self.source.close()
+
+    def __repr__(self) -> str:
+        stores = ", ".join(repr(s) for s in self.stores)
+        return f"FeatureCache([{stores}] over {self.source!r})"

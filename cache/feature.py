@@ -1,0 +1,146 @@
+"""The feature contract: rows addressed by node id.
+
+Every tier (storage, host, device) and every cache built from them is a
+`Feature`. Public methods validate their arguments and call the protected
+``_read`` that does the work, as PyG's ``FeatureStore`` does.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+import torch
+
+__all__ = ["Feature", "TensorFeature", "check_ids", "torch_dtype"]
+
+
+def torch_dtype(dtype) -> torch.dtype:
+    """The torch dtype of a NumPy dtype (or name)."""
+    return torch.from_numpy(np.zeros(0, dtype=np.dtype(dtype))).dtype
+
+
+def check_ids(ids, num_rows: int) -> torch.Tensor:
+    """Validate row ids; return them as a 1-D int64 CPU tensor.
+
+    Raises
+    ------
+    TypeError
+        If ``ids`` is not an integer tensor or array.
+    ValueError
+        If ``ids`` is not 1-D, or an id is outside ``[0, num_rows)``: the
+        message names the largest bad id and the row count.
+    """
+    if isinstance(ids, np.ndarray):
+        ids = torch.from_numpy(ids)
+    if not isinstance(ids, torch.Tensor):
+        raise TypeError(f"ids must be a tensor, got {type(ids).__name__}")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"ids must be int64 or int32, got {ids.dtype}")
+    if ids.dim() != 1:
+        raise ValueError(f"ids must be 1-D, got shape {tuple(ids.shape)}")
+    ids = ids.to("cpu", torch.int64)
+    if ids.numel():
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= num_rows:
+            bad = ids[(ids < 0) | (ids >= num_rows)]
+            worst = int(bad.max()) if int(bad.max()) >= num_rows else int(
+                bad.min())
+            raise ValueError(
+                f"id {worst} out of range: {bad.numel()} ids outside "
+                f"[0, {num_rows}) for {num_rows} rows"
+            )
+    return ids
+
+
+class Feature(ABC):
+    """Rows of a feature matrix, read by id.
+
+    Attributes
+    ----------
+    num_rows : int
+        Number of rows.
+    row_shape : tuple of int
+        Shape of one row.
+    dtype : torch.dtype
+        Element type.
+    device : torch.device
+        Where `read` returns rows.
+    """
+
+    num_rows: int
+    row_shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row."""
+        return int(np.prod(self.row_shape, dtype=np.int64)) * \
+            torch.empty(0, dtype=self.dtype).element_size()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``(num_rows, *row_shape)``."""
+        return (self.num_rows, *self.row_shape)
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def read(self, ids) -> torch.Tensor:
+        """Rows of ``ids``, in request order.
+
+        Parameters
+        ----------
+        ids : torch.Tensor or numpy.ndarray
+            1-D int64 or int32 ids; duplicates and any order allowed.
+
+        Returns
+        -------
+        torch.Tensor
+            Shape ``(len(ids), *row_shape)``, on `device`.
+        """
+        return self._read(check_ids(ids, self.num_rows))
+
+    @abstractmethod
+    def _read(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of validated int64 CPU ``ids``."""
+
+    def close(self) -> None:  # noqa: B027 - most tiers hold nothing
+        """Release files and threads; reading afterwards is an error."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(num_rows={self.num_rows}, "
+                f"row_shape={self.row_shape}, dtype={self.dtype})")
+
+
+class TensorFeature(Feature):
+    """Rows held in one tensor (in memory, on any device).
+
+    Parameters
+    ----------
+    rows : torch.Tensor or numpy.ndarray
+        At least 2-D; the first axis indexes rows.
+    """
+
+    def __init__(self, rows):
+        if isinstance(rows, np.ndarray):
+            rows = torch.from_numpy(np.ascontiguousarray(rows))
+        if rows.dim() < 2:
+            raise ValueError(
+                f"rows must be at least 2-D, got shape {tuple(rows.shape)}"
+            )
+        self.rows = rows
+        self.num_rows = rows.shape[0]
+        self.row_shape = tuple(rows.shape[1:])
+        self.dtype = rows.dtype
+        self.device = rows.device
+
+    def _read(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.rows[ids.to(self.device)]

@@ -1,0 +1,238 @@
+"""Cache plans: how many rows each tier holds, and how, from a profile.
+
+`make_plan` turns budgets (bytes) and access counts (tensors) into a
+`CachePlan`; `build_cache` turns a plan into a `FeatureCache` over a source
+tier. For ``hmgraph`` the split of the cache into a static part (hottest
+rows, filled once) and a dynamic part (refilled online with lookahead) is
+chosen by replaying the policy on the profiled trace for several splits
+and keeping the one with the highest hit rate: the profiled hit-rate curve,
+not a constant, decides.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from hmgraph.cache.coordinated import FeatureCache, Layer
+from hmgraph.cache.feature import Feature
+from hmgraph.cache.policies import POLICIES, make_policy
+from hmgraph.cache.slots import SlotStore
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CachePlan", "build_cache", "make_plan", "replay"]
+
+#: Static shares of the cache tried when choosing the hmgraph split.
+STATIC_SHARES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
+
+
+@dataclass
+class CachePlan:
+    """What each tier holds.
+
+    Attributes
+    ----------
+    policy : str
+        Registry name.
+    device_rows, host_rows : int
+        Rows the device and host tiers hold (their budgets in rows).
+    static_rows : int
+        ``hmgraph``: rows of the static part (hottest first, device
+        first); the rest of both tiers is the dynamic region.
+    window : int
+        ``hmgraph``: batches of lookahead.
+    curve : list of dict
+        ``hmgraph``: profiled hit rate for each static share tried.
+    """
+
+    policy: str
+    num_rows: int
+    row_bytes: int
+    device_rows: int
+    host_rows: int
+    static_rows: int = 0
+    window: int = 0
+    curve: list = field(default_factory=list)
+
+    @property
+    def device_static_rows(self) -> int:
+        """Static rows on the device (the hottest)."""
+        return min(self.static_rows, self.device_rows)
+
+    @property
+    def host_static_rows(self) -> int:
+        """Static rows in host memory."""
+        return self.static_rows - self.device_static_rows
+
+    def as_dict(self) -> dict:
+        """The plan as JSON-ready data, derived sizes included."""
+        record = asdict(self)
+        record.update(
+            device_bytes=self.device_rows * self.row_bytes,
+            host_bytes=self.host_rows * self.row_bytes,
+            device_static_rows=self.device_static_rows,
+            device_dynamic_rows=self.device_rows - self.device_static_rows,
+            host_static_rows=self.host_static_rows,
+            host_dynamic_rows=self.host_rows - self.host_static_rows,
+        )
+        return record
+
+    def describe(self) -> str:
+        """One line for the log."""
+        text = (f"cache plan: {self.policy}, device {self.device_rows} rows,"
+                f" host {self.host_rows} rows of {self.num_rows}")
+        if self.policy == "hmgraph":
+            text += (f"; static {self.static_rows} (device "
+                     f"{self.device_static_rows}, host "
+                     f"{self.host_static_rows}), dynamic "
+                     f"{self.device_rows + self.host_rows - self.static_rows}"
+                     f", window {self.window}")
+        return text
+
+
+def make_plan(policy: str, num_rows: int, row_bytes: int,
+              device_budget_bytes: int, host_budget_bytes: int, *,
+              counts: torch.Tensor | None = None,
+              trace: Sequence[torch.Tensor] = (), window: int = 4,
+              ) -> CachePlan:
+    """Plan a cache within the budgets.
+
+    Parameters
+    ----------
+    policy : str
+        A key of `hmgraph.cache.policies.POLICIES` except ``belady``.
+    num_rows, row_bytes : int
+        The feature matrix.
+    device_budget_bytes, host_budget_bytes : int
+        Memory for cached rows per tier; rows held never exceed them.
+    counts : torch.Tensor, optional
+        Profiled accesses per row (``hmgraph``: chooses the static split).
+    trace : sequence of torch.Tensor
+        Profiled unique input ids per batch (``hmgraph``).
+    window : int
+        Lookahead batches (``hmgraph``).
+
+    Returns
+    -------
+    CachePlan
+    """
+    if policy not in POLICIES or policy == "belady":
+        names = ", ".join(n for n in POLICIES if n != "belady")
+        raise ValueError(f"unknown cache policy {policy!r}; available: "
+                         f"{names}")
+    if row_bytes <= 0:
+        raise ValueError(f"row_bytes must be positive, got {row_bytes}")
+    device_rows = min(num_rows, device_budget_bytes // row_bytes)
+    host_rows = min(num_rows - device_rows, host_budget_bytes // row_bytes)
+    if policy == "none":
+        device_rows = host_rows = 0
+    plan = CachePlan(policy, num_rows, row_bytes, device_rows, host_rows)
+    if policy == "hmgraph":
+        if counts is None:
+            raise ValueError("the hmgraph plan needs profiled counts")
+        plan.window = window
+        plan.static_rows, plan.curve = _choose_static(
+            num_rows, device_rows + host_rows, counts, list(trace), window)
+    log.info("%s", plan.describe())
+    return plan
+
+
+def _choose_static(num_rows, capacity, counts, trace, window):
+    """Static rows with the best replayed hit rate on the profile."""
+    if capacity == 0 or len(trace) < 2:
+        return capacity, []
+    # Hotness from the first half, replay on the second: a static part is
+    # judged on batches it was not chosen from.
+    half = len(trace) // 2
+    hotness = torch.zeros(num_rows, dtype=torch.int64)
+    for ids in trace[:half]:
+        hotness[ids] += 1
+    curve = []
+    for share in STATIC_SHARES:
+        static_rows = int(round(share * capacity))
+        policy = make_policy("hmgraph", num_rows, capacity, hotness=hotness,
+                             static_rows=static_rows, window=window)
+        rate = replay(policy, trace[half:])
+        curve.append({"static_share": share, "static_rows": static_rows,
+                      "hit_rate": rate})
+    # The highest hit rate; on a tie the larger static part (no refills).
+    best = max(curve, key=lambda p: (round(p["hit_rate"], 4),
+                                     p["static_rows"]))
+    return best["static_rows"], curve
+
+
+def replay(policy, trace: Sequence[torch.Tensor], window: int | None = None
+           ) -> float:
+    """Hit rate of ``policy`` on a trace of unique-id batches.
+
+    Parameters
+    ----------
+    policy : hmgraph.cache.policies.Policy
+        A fresh policy; it is warmed, then stepped through the trace with
+        the next ``window`` batches as lookahead (default: its own
+        ``window`` attribute, or none).
+    trace : sequence of torch.Tensor
+        Unique int64 ids per batch.
+
+    Returns
+    -------
+    float
+        Hits over requested rows; 0.0 for an empty trace.
+    """
+    if window is None:
+        window = getattr(policy, "window", 0)
+    policy.warm()
+    hits = requested = 0
+    for index, ids in enumerate(trace):
+        future = trace[index + 1:index + 1 + window] if window else ()
+        hits += int(policy.step(ids, future).hit.sum())
+        requested += ids.numel()
+    return hits / requested if requested else 0.0
+
+
+def build_cache(source: Feature, plan: CachePlan, device="cpu", *,
+                counts: torch.Tensor | None = None,
+                degrees: torch.Tensor | None = None) -> FeatureCache:
+    """A `FeatureCache` over ``source`` laid out as ``plan`` says.
+
+    Parameters
+    ----------
+    source : Feature
+        The tier misses come from (CPU rows).
+    plan : CachePlan
+        From `make_plan`.
+    device : torch.device or str
+        The training device: the device tier's memory and where reads
+        return rows. Host memory is pinned when it is a CUDA device.
+    counts, degrees : torch.Tensor, optional
+        Profiled accesses per row (``presample``, ``hmgraph``) and
+        in-degrees (``degree``).
+    """
+    device = torch.device(device)
+    n, shape, dtype = source.num_rows, source.row_shape, source.dtype
+    device_store = SlotStore("device", n, shape, dtype, plan.device_rows,
+                             device)
+    host_store = SlotStore("host", n, shape, dtype, plan.host_rows, "cpu",
+                           pin=device.type == "cuda")
+    context = {"degrees": degrees, "hotness": counts}
+    if plan.policy == "none":
+        layers = []
+    elif plan.policy == "hmgraph":
+        policy = make_policy(
+            "hmgraph", n, plan.device_rows + plan.host_rows,
+            hotness=counts, static_rows=plan.static_rows,
+            window=plan.window,
+        )
+        layers = [Layer(policy, [device_store, host_store])]
+    else:
+        layers = [
+            Layer(make_policy(plan.policy, n, plan.device_rows, **context),
+                  [device_store]),
+            Layer(make_policy(plan.policy, n, plan.host_rows, **context),
+                  [host_store]),
+        ]
+    return FeatureCache(source, layers, device=device)

@@ -1,0 +1,434 @@
+"""Cache policies as id-level state machines, shared by loader and replay.
+
+A policy decides which rows of a feature matrix a cache layer of
+``capacity`` rows holds; it never touches row data. For each mini-batch it
+gets the batch's unique input ids (and, where it looks ahead, the ids of the
+next batches already sampled) and returns a `Step`: which ids hit, which
+resident ids to evict and which missed ids to admit. The data layer
+(`hmgraph.cache.coordinated`) applies steps to real memory; the analysis
+replays the same steps on a recorded trace, so both count the same hits.
+
+Every step is vectorised over ids (torch ops, no Python loop over ids).
+
+Policies, by registry name:
+
+``none``       no cache.
+``degree``     static: the rows of highest in-degree (PaGraph).
+``presample``  static: the rows most accessed in a profiling pass (GNNLab).
+``lru``        dynamic: least recently used out, every miss admitted.
+``clock``      dynamic: CLOCK (second chance), every miss admitted.
+``hmgraph``    static hot rows plus a dynamic region whose evictions use the
+               next uses known in the lookahead window, and profiled hotness
+               beyond it; misses are admitted only when they would be used
+               before the row they replace (Belady's bypass).
+``belady``     the same rule with the whole future known (offline OPT).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "POLICIES",
+    "BeladyPolicy",
+    "ClockPolicy",
+    "DegreePolicy",
+    "HMGraphPolicy",
+    "LRUPolicy",
+    "NoCachePolicy",
+    "Policy",
+    "PresamplePolicy",
+    "Step",
+    "make_policy",
+    "next_use_trace",
+]
+
+_EMPTY = torch.zeros(0, dtype=torch.int64)
+_NEVER = torch.iinfo(torch.int64).max
+
+
+@dataclass
+class Step:
+    """What a policy decided for one mini-batch.
+
+    Attributes
+    ----------
+    hit : torch.Tensor
+        bool, one per requested id: resident before the batch.
+    evict : torch.Tensor
+        int64 resident ids to drop (applied first).
+    admit : torch.Tensor
+        int64 missed ids to insert (after the evictions).
+    """
+
+    hit: torch.Tensor
+    evict: torch.Tensor
+    admit: torch.Tensor
+
+
+class Policy(ABC):
+    """Which rows a cache layer of ``capacity`` rows holds.
+
+    Parameters
+    ----------
+    num_rows : int
+        Rows of the feature matrix.
+    capacity : int
+        Rows the layer can hold; ``0 <= capacity <= num_rows``.
+    """
+
+    name = "policy"
+    #: Whether `step` uses the ids of the batches ahead.
+    looks_ahead = False
+
+    def __init__(self, num_rows: int, capacity: int):
+        if not 0 <= capacity <= num_rows:
+            raise ValueError(
+                f"capacity {capacity} rows is outside [0, {num_rows}]"
+            )
+        self.num_rows = num_rows
+        self.capacity = capacity
+        self.resident = torch.zeros(num_rows, dtype=torch.bool)
+
+    @property
+    def size(self) -> int:
+        """Rows held now."""
+        return int(self.resident.sum())
+
+    def warm(self) -> torch.Tensor:
+        """Ids to load before the first batch, most valuable first."""
+        return _EMPTY
+
+    def step(self, ids: torch.Tensor,
+             future: Sequence[torch.Tensor] = ()) -> Step:
+        """Decide hits, evictions and admissions for one batch.
+
+        Parameters
+        ----------
+        ids : torch.Tensor
+            Unique int64 ids of the batch (CPU).
+        future : sequence of torch.Tensor
+            Unique ids of the next batches, nearest first (may be empty).
+        """
+        hit = self.resident[ids]
+        step = self._step(ids, hit, future)
+        self.resident[step.evict] = False
+        self.resident[step.admit] = True
+        assert self.size <= self.capacity, (self.name, self.size)
+        return step
+
+    @abstractmethod
+    def _step(self, ids, hit, future) -> Step:
+        """See `step`; ``hit`` is precomputed."""
+
+
+class NoCachePolicy(Policy):
+    """No cache: every row comes from the tier below."""
+
+    name = "none"
+
+    def __init__(self, num_rows: int, capacity: int = 0, **_):
+        super().__init__(num_rows, 0)
+
+    def _step(self, ids, hit, future) -> Step:
+        return Step(hit, _EMPTY, _EMPTY)
+
+
+class _StaticPolicy(Policy):
+    """Holds the ``capacity`` rows of highest score, never changes."""
+
+    def __init__(self, num_rows: int, capacity: int, score: torch.Tensor):
+        super().__init__(num_rows, capacity)
+        if score.numel() != num_rows:
+            raise ValueError(
+                f"{self.name} needs one score per row: got {score.numel()} "
+                f"for {num_rows} rows"
+            )
+        order = torch.argsort(score.double(), descending=True, stable=True)
+        self._contents = order[:capacity]
+
+    def warm(self) -> torch.Tensor:
+        """The held rows, highest score first."""
+        self.resident[self._contents] = True
+        return self._contents
+
+    def _step(self, ids, hit, future) -> Step:
+        return Step(hit, _EMPTY, _EMPTY)
+
+
+class DegreePolicy(_StaticPolicy):
+    """Static: the rows of highest in-degree (PaGraph)."""
+
+    name = "degree"
+
+    def __init__(self, num_rows, capacity, *, degrees=None, **_):
+        if degrees is None:
+            raise ValueError("policy 'degree' needs the in-degrees")
+        super().__init__(num_rows, capacity, degrees)
+
+
+class PresamplePolicy(_StaticPolicy):
+    """Static: the rows most accessed in the profiling pass (GNNLab)."""
+
+    name = "presample"
+
+    def __init__(self, num_rows, capacity, *, hotness=None, **_):
+        if hotness is None:
+            raise ValueError("policy 'presample' needs profiled hotness")
+        super().__init__(num_rows, capacity, hotness)
+
+
+class LRUPolicy(Policy):
+    """Least recently used out; every miss is admitted."""
+
+    name = "lru"
+
+    def __init__(self, num_rows, capacity, **_):
+        super().__init__(num_rows, capacity)
+        self.last_use = torch.zeros(num_rows, dtype=torch.int64)
+        self.clock = 0
+
+    def _step(self, ids, hit, future) -> Step:
+        self.clock += 1
+        self.last_use[ids] = self.clock
+        miss = ids[~hit]
+        admit = miss[: self.capacity]
+        overflow = self.size + admit.numel() - self.capacity
+        evict = _EMPTY
+        if overflow > 0:
+            held = self.resident.nonzero().squeeze(1)
+            age = self.last_use[held]
+            evict = held[torch.topk(age, overflow, largest=False).indices]
+        return Step(hit, evict, admit)
+
+
+class ClockPolicy(Policy):
+    """CLOCK (second chance) at mini-batch granularity.
+
+    Slots form a ring swept by a hand. A hit sets the row's reference bit;
+    to free ``k`` slots the hand clears set bits and takes the first ``k``
+    slots whose bit was already clear, in ring order.
+    """
+
+    name = "clock"
+
+    def __init__(self, num_rows, capacity, **_):
+        super().__init__(num_rows, capacity)
+        self.slots = torch.full((capacity,), -1, dtype=torch.int64)
+        self.slot_of = torch.full((num_rows,), -1, dtype=torch.int64)
+        self.referenced = torch.zeros(capacity, dtype=torch.bool)
+        self.hand = 0
+
+    def _step(self, ids, hit, future) -> Step:
+        self.referenced[self.slot_of[ids[hit]]] = True
+        admit = ids[~hit][: self.capacity]
+        if admit.numel() == 0:
+            return Step(hit, _EMPTY, _EMPTY)
+        free = (self.slots < 0).nonzero().squeeze(1)
+        need = admit.numel() - free.numel()
+        victims = _EMPTY
+        if need > 0:
+            ring = torch.roll(torch.arange(self.capacity), -self.hand)
+            ring = ring[self.slots[ring] >= 0]
+            ref = self.referenced[ring]
+            # The hand passes over each ring slot once clearing bits, then
+            # a second time if fewer than `need` bits were already clear.
+            order = torch.cat([ring[~ref], ring[ref]])
+            victims = order[:need]
+            passed = ring[: int((ring == victims[-1]).nonzero()[0]) + 1] \
+                if need <= int((~ref).sum()) else ring
+            self.referenced[passed] = False
+            self.hand = (int(victims[-1]) + 1) % self.capacity
+        slots = torch.cat([free, victims])[: admit.numel()]
+        evict = self.slots[victims]
+        self.slot_of[evict] = -1
+        self.slots[slots] = admit
+        self.slot_of[admit] = slots
+        self.referenced[slots] = False
+        return Step(hit, evict, admit)
+
+
+class HMGraphPolicy(Policy):
+    """Static hot rows plus a lookahead-managed dynamic region.
+
+    Parameters
+    ----------
+    num_rows, capacity : int
+        See `Policy`.
+    hotness : torch.Tensor
+        Profiled accesses per row (float or int, one per row).
+    static_rows : int
+        Rows of the hottest part held for good; the other
+        ``capacity - static_rows`` form the dynamic region.
+    window : int
+        How many batches ahead `step` looks (the loader's prefetch window).
+
+    Notes
+    -----
+    After each batch the dynamic region keeps, among its rows and the
+    batch's misses, those used soonest: a row's key is the distance to its
+    next use inside the window, and rows not used inside the window rank
+    after all those, by profiled hotness. Misses that do not make the cut
+    are not admitted (bypass). With a window covering the whole future
+    this is Belady's rule.
+    """
+
+    name = "hmgraph"
+    looks_ahead = True
+
+    def __init__(self, num_rows, capacity, *, hotness=None, static_rows=0,
+                 window=4, **_):
+        super().__init__(num_rows, capacity)
+        if hotness is None:
+            raise ValueError("policy 'hmgraph' needs profiled hotness")
+        if not 0 <= static_rows <= capacity:
+            raise ValueError(
+                f"static_rows {static_rows} is outside [0, {capacity}]"
+            )
+        self.static_rows = static_rows
+        self.window = window
+        hotness = hotness.double()
+        order = torch.argsort(hotness, descending=True, stable=True)
+        self.static = torch.zeros(num_rows, dtype=torch.bool)
+        self.static[order[:static_rows]] = True
+        self._static_order = order[:static_rows]
+        # Rank by hotness beyond the window: 0 for the hottest row.
+        self.cold_rank = torch.empty(num_rows, dtype=torch.int64)
+        self.cold_rank[order] = torch.arange(num_rows)
+        self.next_use = torch.full((num_rows,), _NEVER, dtype=torch.int64)
+
+    def warm(self) -> torch.Tensor:
+        """The static rows, hottest first."""
+        self.resident[self._static_order] = True
+        return self._static_order
+
+    def _keys(self, ids: torch.Tensor) -> torch.Tensor:
+        """Smaller is sooner: next use in the window, then hotness."""
+        near = self.next_use[ids]
+        beyond = self.window + 1 + self.cold_rank[ids]
+        return torch.where(near == _NEVER, beyond, near)
+
+    def _step(self, ids, hit, future) -> Step:
+        future = list(future)[: self.window]
+        for distance in range(len(future), 0, -1):
+            self.next_use[future[distance - 1]] = distance
+        try:
+            return self._choose(ids, hit)
+        finally:
+            for batch in future:
+                self.next_use[batch] = _NEVER
+
+    def _choose(self, ids, hit) -> Step:
+        dynamic_capacity = self.capacity - self.static_rows
+        miss = ids[~hit]
+        held = (self.resident & ~self.static).nonzero().squeeze(1)
+        if held.numel() + miss.numel() <= dynamic_capacity:
+            return Step(hit, _EMPTY, miss)
+        candidates = torch.cat([held, miss])
+        keys = self._keys(candidates)
+        keep = torch.zeros(candidates.numel(), dtype=torch.bool)
+        keep[torch.topk(keys, dynamic_capacity, largest=False).indices] = True
+        evict = held[~keep[: held.numel()]]
+        admit = miss[keep[held.numel():]]
+        return Step(hit, evict, admit)
+
+
+class BeladyPolicy(HMGraphPolicy):
+    """Belady's optimal offline policy at mini-batch granularity.
+
+    Evicts the row whose next use is farthest and bypasses misses used
+    later than everything it holds. Needs the next use of every access:
+    call `set_trace` with the whole trace first (see `next_use_trace`);
+    `step` then ignores ``future``.
+    """
+
+    name = "belady"
+
+    def __init__(self, num_rows, capacity, **_):
+        super().__init__(num_rows, capacity,
+                         hotness=torch.zeros(num_rows), static_rows=0,
+                         window=0)
+        self._next = None
+        self._position = 0
+
+    def set_trace(self, trace: Sequence[torch.Tensor]) -> None:
+        """Give the whole trace of unique-id batches, in order."""
+        self._next = next_use_trace(trace)
+        self._position = 0
+
+    def _step(self, ids, hit, future) -> Step:
+        if self._next is None:
+            raise ValueError("belady needs the whole trace: call set_trace")
+        self.next_use[ids] = self._next[self._position]
+        self._position += 1
+        return self._choose(ids, hit)
+
+    def _keys(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.next_use[ids]
+
+
+def next_use_trace(trace: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """For every access, the batch index of the row's next use.
+
+    One backward pass over the trace; ``_NEVER`` where a row is not used
+    again.
+
+    Parameters
+    ----------
+    trace : sequence of torch.Tensor
+        Unique int64 ids per batch, in order.
+
+    Returns
+    -------
+    list of torch.Tensor
+        int64, aligned with ``trace``.
+    """
+    if not trace:
+        return []
+    num_rows = int(max(int(t.max()) for t in trace if t.numel()) + 1) if any(
+        t.numel() for t in trace) else 1
+    seen = torch.full((num_rows,), _NEVER, dtype=torch.int64)
+    result = [None] * len(trace)
+    for index in range(len(trace) - 1, -1, -1):
+        ids = trace[index]
+        result[index] = seen[ids].clone()
+        seen[ids] = index
+    return result
+
+
+POLICIES = {
+    cls.name: cls for cls in (
+        NoCachePolicy, DegreePolicy, PresamplePolicy, LRUPolicy,
+        ClockPolicy, HMGraphPolicy, BeladyPolicy,
+    )
+}
+
+
+def make_policy(name: str, num_rows: int, capacity: int, **context) -> Policy:
+    """Build a policy by registry name.
+
+    Parameters
+    ----------
+    name : str
+        A key of `POLICIES`.
+    num_rows, capacity : int
+        See `Policy`.
+    **context
+        What some policies need: ``degrees`` (degree), ``hotness``
+        (presample, hmgraph), ``static_rows`` and ``window`` (hmgraph).
+
+    Raises
+    ------
+    ValueError
+        For an unknown name, listing the available ones.
+    """
+    if name not in POLICIES:
+        raise ValueError(
+            f"unknown cache policy {name!r}; available: "
+            f"{', '.join(POLICIES)}"
+        )
+    return POLICIES[name](num_rows, capacity, **context)

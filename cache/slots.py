@@ -1,0 +1,110 @@
+"""Fixed memory for cached rows: a slot buffer, a slot table, a free list.
+
+A `SlotStore` holds up to ``capacity`` rows in one preallocated buffer on
+its device (host memory, pinned when a GPU is present, or the training
+device). Which id sits in which slot is kept in two tables (id -> slot,
+slot -> id) and the free slots in a stack. Inserting and removing rows are
+vectorised tensor operations in O(rows touched): no per-id Python work, no
+fragmentation, no reallocation while training.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["SlotStore"]
+
+
+class SlotStore:
+    """Rows of some ids in a buffer of ``capacity`` slots.
+
+    Parameters
+    ----------
+    name : str
+        Tier name for statistics, e.g. ``"device"`` or ``"host"``.
+    num_rows : int
+        Rows of the feature matrix (ids are ``0 .. num_rows - 1``).
+    row_shape : tuple of int
+        Shape of one row.
+    dtype : torch.dtype
+        Element type.
+    capacity : int
+        Slots; the buffer holds ``capacity * row_bytes`` bytes.
+    device : torch.device or str
+        Where the buffer lives.
+    pin : bool
+        Pin the buffer (host memory feeding a GPU).
+    """
+
+    def __init__(self, name, num_rows, row_shape, dtype, capacity,
+                 device="cpu", pin=False):
+        if capacity < 0:
+            raise ValueError(f"{name} capacity {capacity} is negative")
+        self.name = name
+        self.capacity = capacity
+        self.device = torch.device(device)
+        self.buffer = torch.empty((capacity, *row_shape), dtype=dtype,
+                                  device=self.device,
+                                  pin_memory=pin and capacity > 0)
+        table_dtype = torch.int32 if capacity < 2**31 else torch.int64
+        self.slot_of = torch.full((num_rows,), -1, dtype=table_dtype)
+        self.id_of = torch.full((capacity,), -1, dtype=torch.int64)
+        # Free slots as a stack: the top is free[num_free - 1].
+        self.free = torch.arange(capacity - 1, -1, -1, dtype=torch.int64)
+        self.num_free = capacity
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the row buffer."""
+        return self.buffer.numel() * self.buffer.element_size()
+
+    @property
+    def size(self) -> int:
+        """Rows held."""
+        return self.capacity - self.num_free
+
+    def slots(self, ids: torch.Tensor) -> torch.Tensor:
+        """Slot of each id (int64, -1 where absent), CPU."""
+        return self.slot_of[ids].long()
+
+    def gather(self, slots: torch.Tensor) -> torch.Tensor:
+        """Rows in ``slots`` (on this store's device)."""
+        return self.buffer[slots.to(self.device)]
+
+    def insert(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Put rows of absent ``ids`` into free slots.
+
+        Raises
+        ------
+        ValueError
+            If there are fewer free slots than ids.
+        """
+        count = ids.numel()
+        if count == 0:
+            return
+        if count > self.num_free:
+            raise ValueError(
+                f"{self.name} tier has {self.num_free} free slots, asked "
+                f"to insert {count} rows"
+            )
+        slots = self.free[self.num_free - count:self.num_free]
+        self.num_free -= count
+        self.buffer[slots.to(self.device)] = rows.to(self.device)
+        self.slot_of[ids] = slots.to(self.slot_of.dtype)
+        self.id_of[slots] = ids
+
+    def remove(self, ids: torch.Tensor) -> torch.Tensor:
+        """Free the slots of those ``ids`` held here; return the ids freed."""
+        slots = self.slot_of[ids].long()
+        held = slots >= 0
+        slots, ids = slots[held], ids[held]
+        count = slots.numel()
+        self.free[self.num_free:self.num_free + count] = slots
+        self.num_free += count
+        self.slot_of[ids] = -1
+        self.id_of[slots] = -1
+        return ids
+
+    def __repr__(self) -> str:
+        return (f"SlotStore({self.name!r}, {self.size}/{self.capacity} rows,"
+                f" {self.nbytes} bytes on {self.device})")

@@ -1,0 +1,105 @@
+"""Presampling: run the real sampler for some batches, count row accesses.
+
+The profile is what the cache plan is made from (`hmgraph.cache.plan`): how
+often each feature row was an input of a batch, the trace of unique input
+ids per batch, and how often each row was needed at each hop (a row needed
+by the first layer only is ``hop = num_layers``; the seeds are hop 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Profile", "presample"]
+
+
+@dataclass
+class Profile:
+    """Access counts from a presampling pass.
+
+    Attributes
+    ----------
+    counts : torch.Tensor
+        int64 (num_rows,): batches in which each row was an input.
+    hop_counts : torch.Tensor
+        int64 (num_hops + 1, num_rows): batches in which each row was first
+        needed at hop h (0 = seed, h = h-th neighbourhood).
+    trace : list of torch.Tensor
+        Unique input ids of each profiled batch, in order.
+    """
+
+    counts: torch.Tensor
+    hop_counts: torch.Tensor
+    trace: list
+
+    @property
+    def num_batches(self) -> int:
+        """Batches profiled."""
+        return len(self.trace)
+
+    @property
+    def accesses(self) -> int:
+        """Row accesses in the profile."""
+        return int(self.counts.sum())
+
+
+def presample(graph, graph_sampler, seeds: torch.Tensor, batch_size: int,
+              num_batches: int, seed: int = 0, progress=None) -> Profile:
+    """Sample ``num_batches`` batches and count which rows they read.
+
+    Parameters
+    ----------
+    graph : dgl.DGLGraph
+        The graph (CPU).
+    graph_sampler : dgl.dataloading.BlockSampler
+        The sampler training will use.
+    seeds : torch.Tensor
+        Seed ids (the train split); shuffled with ``seed``.
+    batch_size : int
+        Seeds per batch.
+    num_batches : int
+        Batches to profile (at most one epoch's worth).
+    seed : int
+        Seed of the shuffle and of DGL's generator.
+    progress : callable, optional
+        Wraps the batch iterator (e.g. ``tqdm``).
+
+    Returns
+    -------
+    Profile
+    """
+    import dgl
+
+    if seeds.numel() == 0:
+        raise ValueError("cannot presample: there are no seed nodes")
+    generator = torch.Generator().manual_seed(seed)
+    order = seeds[torch.randperm(seeds.numel(), generator=generator)]
+    total = (order.numel() + batch_size - 1) // batch_size
+    num_batches = max(1, min(num_batches, total))
+    dgl.seed(seed)
+    num_rows = graph.num_nodes()
+    counts = torch.zeros(num_rows, dtype=torch.int64)
+    hop_counts = None
+    trace = []
+    batches = range(num_batches)
+    if progress is not None:
+        batches = progress(batches)
+    for index in batches:
+        batch = order[index * batch_size:(index + 1) * batch_size]
+        input_nodes, _, blocks = graph_sampler.sample(graph, batch)
+        if hop_counts is None:
+            hop_counts = torch.zeros((len(blocks) + 1, num_rows),
+                                     dtype=torch.int64)
+        counts[input_nodes] += 1
+        trace.append(input_nodes.sort().values)
+        # Hop of each input: the block whose destinations first hold it.
+        hop = torch.full((input_nodes.numel(),), len(blocks),
+                         dtype=torch.int64)
+        for depth, block in enumerate(reversed(blocks)):
+            inner = block.num_dst_nodes()
+            hop[:inner] = torch.minimum(hop[:inner],
+                                        torch.tensor(depth))
+        hop_counts[hop, input_nodes] += 1
+    return Profile(counts=counts, hop_counts=hop_counts, trace=trace)

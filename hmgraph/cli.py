@@ -61,6 +61,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a non-negative integer"
+        )
+    return value
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -74,6 +86,7 @@ def _fraction(text: str) -> float:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from hmgraph.cache.policies import POLICIES
     from hmgraph.datasets import known_datasets
     from hmgraph.models import MODELS
 
@@ -116,6 +129,25 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--eval-every", type=_positive_int, default=1)
     train.add_argument("--out", default=None,
                        help="output folder (default runs/DATASET-MODEL)")
+    cache = train.add_argument_group("feature cache")
+    cache.add_argument("--cache", default=None,
+                       choices=[n for n in POLICIES if n != "belady"],
+                       help="cache policy (default: no cache)")
+    cache.add_argument("--device-budget", default="0",
+                       help="device tier memory: 512MB, 2GB or 5%% of the "
+                       "feature bytes")
+    cache.add_argument("--host-budget", default="0",
+                       help="host tier memory, same forms")
+    cache.add_argument("--features-on", default="memory",
+                       choices=["memory", "disk"],
+                       help="rows in memory, or read from the feature file "
+                       "with O_DIRECT")
+    cache.add_argument("--prefetch", type=_non_negative_int, default=2,
+                       help="batches sampled and fetched ahead in threads")
+    cache.add_argument("--window", type=_non_negative_int, default=4,
+                       help="lookahead batches for the hmgraph cache")
+    cache.add_argument("--profile-batches", type=_positive_int, default=32,
+                       help="batches sampled to plan the cache")
     train.add_argument("--resume", action="store_true",
                        help="continue from OUT/checkpoint.pt")
     train.add_argument("--no-verify", action="store_true",
@@ -149,6 +181,10 @@ def _train_command(args) -> int:
         num_heads=args.num_heads, epochs=args.epochs, runs=args.runs,
         seed=args.seed, device=args.device, eval_every=args.eval_every,
         out=args.out or f"runs/{args.dataset}-{args.model}",
+        cache=args.cache, device_budget=args.device_budget,
+        host_budget=args.host_budget, features_on=args.features_on,
+        prefetch=args.prefetch, window=args.window,
+        profile_batches=args.profile_batches,
         resume=args.resume, verify=not args.no_verify,
         progress=not args.no_progress,
     )

@@ -1,24 +1,35 @@
 """`hmgraph.DataLoader`: DGL's mini-batch contract over hmgraph's stages.
 
-A mini-batch goes through numbered stages:
+A mini-batch goes through the stages of `hmgraph.pipeline`:
 
-1. **sample**: the seeds of the batch are drawn (seeded ``seed + epoch``
-   shuffle, as GraphBolt's ``ItemSampler``) and handed to any DGL
-   ``BlockSampler``, which returns ``input_nodes, output_nodes, blocks``
-   (DGL's generator is seeded ``seed + epoch`` too);
-2. **fetch**: the rows of ``input_nodes`` are read from the feature source;
-3. **transfer**: rows and labels move to the training device.
+1. **sample**: seeds drawn with a generator seeded ``seed + epoch`` (as
+   GraphBolt's ``ItemSampler``; DGL's generator is seeded alike) and handed
+   to any DGL ``BlockSampler``;
+2. **fetch**: input rows read through the feature cache (device -> host ->
+   storage), with the batches already sampled ahead as lookahead;
+3. **transfer**: rows and labels land on the training device.
 
-Each stage's seconds are counted in `LoaderStats`.
+With ``prefetch > 0`` sampling and fetching run in background threads,
+``prefetch`` batches ahead of training.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
+
+from hmgraph.cache.coordinated import CacheStats, FeatureCache
+from hmgraph.cache.feature import Feature, TensorFeature
+from hmgraph.cache.plan import CachePlan, build_cache, make_plan
+from hmgraph.pipeline import Prefetcher, fetch_stage, sample_stage
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DataLoader", "LoaderStats", "MiniBatch"]
 
@@ -66,37 +77,54 @@ class MiniBatch(tuple):
 
 @dataclass
 class LoaderStats:
-    """Counters of one loader, reset with `reset`.
+    """Counters of one loader; `reset` zeroes them all.
 
     Attributes
     ----------
     batches : int
         Mini-batches produced.
     rows_requested : int
-        Input rows asked of the feature source.
+        Input rows of all batches.
     seconds : dict of str to float
-        Seconds per stage: ``sample``, ``fetch``, ``transfer``.
+        Per stage: ``sample`` and ``fetch`` (in their threads when
+        prefetching), ``wait`` (training waiting for a batch).
+    cache : CacheStats
+        Hits per tier, admissions, bytes per link.
+    storage : object or None
+        The storage tier's counters (pages and bytes read), if any.
     """
 
     batches: int = 0
     rows_requested: int = 0
     seconds: dict = field(default_factory=lambda: {
-        "sample": 0.0, "fetch": 0.0, "transfer": 0.0,
-    })
+        "sample": 0.0, "fetch": 0.0, "wait": 0.0})
+    cache: CacheStats | None = None
+    storage: object = None
 
     def reset(self) -> None:
-        """Zero every counter."""
+        """Zero every counter, the cache's and storage's included."""
         self.batches = 0
         self.rows_requested = 0
         self.seconds = {key: 0.0 for key in self.seconds}
+        if self.cache is not None:
+            self.cache.reset()
+        if self.storage is not None:
+            self.storage.reset()
+
+    def hit_rate(self, tier: str) -> float:
+        """Share of input rows served by ``tier`` (0.0 before any)."""
+        return self.cache.hit_rate(tier) if self.cache else 0.0
 
     def as_dict(self) -> dict:
         """Counters as a JSON-ready dict."""
-        return {
-            "batches": self.batches,
-            "rows_requested": self.rows_requested,
-            "seconds": dict(self.seconds),
-        }
+        record = {"batches": self.batches,
+                  "rows_requested": self.rows_requested,
+                  "seconds": dict(self.seconds)}
+        if self.cache is not None:
+            record["cache"] = self.cache.as_dict()
+        if self.storage is not None:
+            record["storage"] = self.storage.as_dict()
+        return record
 
 
 class DataLoader:
@@ -116,38 +144,38 @@ class DataLoader:
         Seed node ids (int64) to iterate over.
     graph_sampler : dgl.dataloading.BlockSampler
         Any DGL block sampler, e.g. ``NeighborSampler([15, 10, 5])``.
-    features : torch.Tensor or numpy.ndarray, optional
-        Rows indexed by node id; default ``graph.ndata["feat"]``. A
-        ``numpy.memmap`` of a feature file works too.
+    features : tensor, numpy array, Feature or path, optional
+        Rows by node id: in memory (tensor, array, memmap), any
+        `hmgraph.cache.Feature` (e.g. the O_DIRECT storage tier), or the
+        path of a feature file (opened as the storage tier). Default
+        ``graph.ndata["feat"]``.
     labels : torch.Tensor, optional
-        Labels indexed by node id; default ``graph.ndata["label"]`` if
-        present.
-    batch_size : int
-        Seeds per batch.
-    shuffle : bool
-        Shuffle seeds each epoch with a generator seeded ``seed + epoch``.
-    drop_last : bool
-        Drop the last, smaller batch.
-    device : str or torch.device
-        Where ``x`` and ``y`` of each batch go.
-    seed : int
-        Base seed of the shuffle.
+        Labels by node id; default ``graph.ndata["label"]`` if present.
+    batch_size, shuffle, drop_last, device, seed
+        As in `dgl.dataloading.DataLoader`; the shuffle of epoch ``e``
+        uses a generator seeded ``seed + e`` (see `set_epoch`).
+    cache : str, CachePlan or None
+        ``None`` switches caching off; a policy name (``hmgraph``,
+        ``presample``, ``degree``, ``lru``, ``clock``, ``none``) is
+        planned from a profiling pass of ``profile_batches`` batches with
+        this sampler; a `CachePlan` is used as given.
+    device_budget_bytes, host_budget_bytes : int
+        Memory for cached rows on the device and in host memory.
+    prefetch : int
+        Batches sampled and fetched ahead in background threads; 0 runs
+        every stage in the training thread.
+    window : int, optional
+        Lookahead batches given to the cache (default: the plan's).
+    profile_batches : int
+        Batches sampled to profile row accesses for the plan.
     """
 
-    def __init__(
-        self,
-        graph,
-        indices,
-        graph_sampler,
-        *,
-        features=None,
-        labels=None,
-        batch_size: int = 1,
-        shuffle: bool = False,
-        drop_last: bool = False,
-        device="cpu",
-        seed: int = 0,
-    ):
+    def __init__(self, graph, indices, graph_sampler, *, features=None,
+                 labels=None, batch_size: int = 1, shuffle: bool = False,
+                 drop_last: bool = False, device="cpu", seed: int = 0,
+                 cache=None, device_budget_bytes: int = 0,
+                 host_budget_bytes: int = 0, prefetch: int = 0,
+                 window: int | None = None, profile_batches: int = 32):
         indices = torch.as_tensor(indices)
         if indices.dtype not in (torch.int32, torch.int64):
             raise TypeError(
@@ -155,6 +183,8 @@ class DataLoader:
             )
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
         if indices.numel() and (
             int(indices.min()) < 0 or int(indices.max()) >= graph.num_nodes()
         ):
@@ -164,27 +194,73 @@ class DataLoader:
                 f"seed id {bad} out of range: the graph has "
                 f"{graph.num_nodes()} nodes"
             )
-        if features is None:
-            features = graph.ndata["feat"]
-        if labels is None and "label" in graph.ndata:
-            labels = graph.ndata["label"]
-        if len(features) != graph.num_nodes():
+        source = _as_feature(graph.ndata["feat"] if features is None
+                             else features)
+        if source.num_rows != graph.num_nodes():
             raise ValueError(
-                f"features have {len(features)} rows, but the graph has "
+                f"features have {source.num_rows} rows, but the graph has "
                 f"{graph.num_nodes()} nodes"
             )
+        if labels is None and "label" in graph.ndata:
+            labels = graph.ndata["label"]
         self.graph = graph
         self.indices = indices.long()
         self.graph_sampler = graph_sampler
-        self.features = features
         self.labels = labels
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.device = torch.device(device)
         self.seed = seed
+        self.prefetch = prefetch
         self.epoch = 0
-        self.stats = LoaderStats()
+        self.profile = None
+        # (1) Plan the cache (profiling with the real sampler if asked).
+        self.plan = self._plan(cache, source, device_budget_bytes,
+                               host_budget_bytes, window, profile_batches)
+        # (2) Build it over the source.
+        counts = None if self.profile is None else self.profile.counts
+        self.cache: FeatureCache = build_cache(
+            source, self.plan, self.device, counts=counts,
+            degrees=graph.in_degrees() if self.plan.policy == "degree"
+            else None,
+        )
+        self.window = self.plan.window if window is None else window
+        self.stats = LoaderStats(cache=self.cache.stats,
+                                 storage=getattr(source, "stats", None))
+
+    def _plan(self, cache, source, device_budget_bytes, host_budget_bytes,
+              window, profile_batches) -> CachePlan:
+        if isinstance(cache, CachePlan):
+            if cache.num_rows != source.num_rows:
+                raise ValueError(
+                    f"plan is for {cache.num_rows} rows, features have "
+                    f"{source.num_rows}"
+                )
+            if cache.policy in ("presample", "hmgraph"):
+                self._profile(profile_batches)
+            return cache
+        policy = "none" if cache is None else cache
+        if policy in ("presample", "hmgraph"):
+            self._profile(profile_batches)
+        return make_plan(
+            policy, source.num_rows, source.row_bytes, device_budget_bytes,
+            host_budget_bytes,
+            counts=None if self.profile is None else self.profile.counts,
+            trace=() if self.profile is None else self.profile.trace,
+            window=4 if window is None else window,
+        )
+
+    def _profile(self, profile_batches: int) -> None:
+        from hmgraph.samplers.presample import presample
+
+        start = time.perf_counter()
+        self.profile = presample(
+            self.graph, self.graph_sampler, self.indices, self.batch_size,
+            profile_batches, seed=self.seed + 7919,
+        )
+        log.info("profiled %d batches in %.1f s", self.profile.num_batches,
+                 time.perf_counter() - start)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose shuffle the next iteration uses."""
@@ -199,48 +275,80 @@ class DataLoader:
     def __iter__(self):
         import dgl
 
-        # DGL's samplers draw from DGL's global generator: seed it too, so
-        # an epoch's blocks depend only on (seed, epoch).
+        # DGL's samplers draw from DGL's global generator: seed it too.
         dgl.seed(self.seed + self.epoch)
         order = self.indices
         if self.shuffle:
             generator = torch.Generator().manual_seed(self.seed + self.epoch)
             order = order[torch.randperm(order.numel(), generator=generator)]
-        for i in range(len(self)):
-            seeds = order[i * self.batch_size:(i + 1) * self.batch_size]
-            yield self._make_batch(seeds)
+        sampled = sample_stage(self.graph, self.graph_sampler, order,
+                               self.batch_size, len(self))
+        threads = []
+        if self.prefetch:
+            sampled = Prefetcher("hmgraph-sample", sampled,
+                                 self.prefetch + self.window)
+            threads.append(sampled)
+        ready = fetch_stage(sampled, self.cache, self.labels, self.window,
+                            self.device)
+        if self.prefetch:
+            ready = Prefetcher("hmgraph-fetch", ready, self.prefetch)
+            threads.insert(0, ready)
+        try:
+            while True:
+                start = time.perf_counter()
+                batch = next(ready, None)
+                self.stats.seconds["wait"] += time.perf_counter() - start
+                if batch is None:
+                    return
+                yield self._finish(batch)
+        finally:
+            for thread in threads:
+                thread.close()
+            if not self.prefetch:
+                ready.close()
 
-    def _make_batch(self, seeds: torch.Tensor) -> MiniBatch:
-        seconds = self.stats.seconds
-        # (1) Sample blocks with the user's DGL sampler.
-        start = time.perf_counter()
-        input_nodes, output_nodes, blocks = self.graph_sampler.sample(
-            self.graph, seeds
-        )
-        # (2) Fetch the input rows.
-        mid = time.perf_counter()
-        x = self._fetch(input_nodes)
-        y = None if self.labels is None else self.labels[output_nodes]
-        # (3) Transfer to the training device.
-        end = time.perf_counter()
-        if self.device.type == "cpu":
-            blocks[0].srcdata["feat"] = x
-            if y is not None:
-                blocks[-1].dstdata["label"] = y
-        else:
-            x = x.to(self.device, non_blocking=True)
-            y = None if y is None else y.to(self.device, non_blocking=True)
-        done = time.perf_counter()
-        seconds["sample"] += mid - start
-        seconds["fetch"] += end - mid
-        seconds["transfer"] += done - end
+    def _finish(self, batch) -> MiniBatch:
+        sampled = batch.sampled
         self.stats.batches += 1
-        self.stats.rows_requested += int(input_nodes.numel())
-        return MiniBatch(input_nodes, output_nodes, blocks, x, y)
+        self.stats.rows_requested += int(sampled.input_nodes.numel())
+        self.stats.seconds["sample"] += sampled.sample_seconds
+        self.stats.seconds["fetch"] += batch.fetch_seconds
+        blocks = sampled.blocks
+        if self.device.type == "cpu":
+            blocks[0].srcdata["feat"] = batch.x
+            if batch.y is not None:
+                blocks[-1].dstdata["label"] = batch.y
+        return MiniBatch(sampled.input_nodes, sampled.output_nodes, blocks,
+                         batch.x, batch.y)
 
-    def _fetch(self, ids: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.features, torch.Tensor):
-            return self.features[ids]
-        return torch.from_numpy(np.ascontiguousarray(
-            self.features[ids.numpy()]
-        ))
+    def close(self) -> None:
+        """Release the feature source (files, threads)."""
+        self.cache.close()
+
+
+def _as_feature(features) -> Feature:
+    """The feature source: in memory, a Feature, or a feature file."""
+    if isinstance(features, Feature):
+        return features
+    if isinstance(features, (str, os.PathLike)):
+        from hmgraph.cache.storage import StorageFeature
+
+        return StorageFeature(Path(features))
+    if isinstance(features, np.ndarray):
+        return _ArrayFeature(features)
+    return TensorFeature(features)
+
+
+class _ArrayFeature(Feature):
+    """Rows of a NumPy array or memmap, gathered on read (CPU)."""
+
+    def __init__(self, rows: np.ndarray):
+        from hmgraph.cache.feature import torch_dtype
+
+        self.rows = rows
+        self.num_rows = rows.shape[0]
+        self.row_shape = tuple(rows.shape[1:])
+        self.dtype = torch_dtype(rows.dtype)
+
+    def _read(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(self.rows[ids.numpy()]))

@@ -52,6 +52,13 @@ class TrainConfig:
     eval_every : int
         Evaluate (full-neighbour inference on all nodes) every this many
         epochs and after the last one.
+    cache : str or None
+        Cache policy (``hmgraph``, ``presample``, ...); None: no cache.
+    device_budget, host_budget : str
+        ``"512MB"``, ``"2GB"`` or a share of the feature bytes (``"5%"``).
+    features_on : str
+        ``"memory"`` (rows in RAM) or ``"disk"`` (the feature file, read
+        with O_DIRECT by the storage tier).
     """
 
     dataset: str = "synth-small"
@@ -71,6 +78,13 @@ class TrainConfig:
     eval_every: int = 1
     eval_batch_size: int = 8192
     out: str = "runs/latest"
+    cache: str | None = None
+    device_budget: str = "0"
+    host_budget: str = "0"
+    features_on: str = "memory"
+    prefetch: int = 2
+    window: int = 4
+    profile_batches: int = 32
     resume: bool = False
     verify: bool = True
     progress: bool = True
@@ -122,22 +136,22 @@ def train(config: TrainConfig, dataset=None) -> dict:
                                                   fused=False)
     else:
         sampler = dgl.dataloading.NeighborSampler(config.fanouts)
-    loader = DataLoader(
-        dataset.graph, dataset.split["train"], sampler,
-        batch_size=config.batch_size, shuffle=True, device=device,
-        seed=config.seed,
-    )
-    metric = dataset.evaluator.eval_metric
     log.info("%s", dataset)
-    for run in range(len(completed), config.runs):
-        record = _train_run(config, dataset, loader, run, state, device,
-                            checkpoint_path, completed)
-        completed.append(record)
-        state = None
+    loader = _make_loader(config, dataset, sampler, device)
+    metric = dataset.evaluator.eval_metric
+    try:
+        for run in range(len(completed), config.runs):
+            record = _train_run(config, dataset, loader, run, state, device,
+                                checkpoint_path, completed)
+            completed.append(record)
+            state = None
+    finally:
+        loader.close()
     result = {
         "config": config.as_dict(),
         "dataset": repr(dataset),
         "metric": metric,
+        "plan": loader.plan.as_dict(),
         "runs": completed,
         "summary": summarize(completed),
     }
@@ -146,6 +160,31 @@ def train(config: TrainConfig, dataset=None) -> dict:
         tmp.write_text(json.dumps(result, indent=1))
     result["path"] = str(result_path)
     return result
+
+
+def _make_loader(config, dataset, sampler, device) -> DataLoader:
+    """The training loader with the cache and feature source asked for."""
+    from hmgraph.cache.budget import check_available, parse_budget
+
+    if config.features_on not in ("memory", "disk"):
+        raise ValueError(f"features_on must be 'memory' or 'disk', got "
+                         f"{config.features_on!r}")
+    feature_bytes = dataset.features.numel() * \
+        dataset.features.element_size()
+    device_budget = parse_budget(config.device_budget, feature_bytes)
+    host_budget = parse_budget(config.host_budget, feature_bytes)
+    check_available("device", device_budget, device)
+    check_available("host", host_budget, "cpu")
+    features = dataset.feature_path if config.features_on == "disk" \
+        else dataset.features
+    return DataLoader(
+        dataset.graph, dataset.split["train"], sampler, features=features,
+        labels=dataset.labels, batch_size=config.batch_size, shuffle=True,
+        device=device, seed=config.seed, cache=config.cache,
+        device_budget_bytes=device_budget, host_budget_bytes=host_budget,
+        prefetch=config.prefetch, window=config.window,
+        profile_batches=config.profile_batches,
+    )
 
 
 def _train_run(config, dataset, loader, run, state, device, checkpoint_path,
@@ -216,8 +255,28 @@ def _train_epoch(config, model, optimizer, loader, run, epoch) -> dict:
     seconds = dict(loader.stats.seconds)
     seconds["train"] = train_seconds
     seconds["epoch"] = time.perf_counter() - start
+    stats = loader.stats.as_dict()
+    if loader.plan.policy != "none" or loader.stats.storage is not None:
+        log.info("run %d epoch %d: %s", run, epoch, describe_io(stats))
     return {"epoch": epoch, "loss": total_loss / max(total_seeds, 1),
-            "seconds": seconds}
+            "seconds": seconds, "loader": stats}
+
+
+def describe_io(stats: dict) -> str:
+    """One line of cache hits and I/O from `LoaderStats.as_dict`."""
+    from hmgraph.cache.budget import format_bytes
+
+    cache = stats.get("cache", {})
+    rates = ", ".join(f"{tier} {rate:.1%}" for tier, rate in
+                      cache.get("hit_rate", {}).items())
+    text = f"rows from {rates}"
+    link = cache.get("bytes", {}).get("host->device", 0)
+    text += f"; host->device {format_bytes(link)}"
+    storage = stats.get("storage")
+    if storage:
+        text += (f"; storage {storage['pages_read']} pages, "
+                 f"{format_bytes(storage['bytes_read'])}")
+    return text
 
 
 def summarize(records: list[dict]) -> dict:

@@ -31,7 +31,7 @@ def test_result_file(tiny, tmp_path):
         assert record["best_valid"] == best["valid"]
         assert record["test_at_best_valid"] == best["test"]
         for entry in record["epochs"]:
-            assert set(entry["seconds"]) >= {"sample", "fetch", "transfer",
+            assert set(entry["seconds"]) >= {"sample", "fetch", "wait",
                                               "train", "eval", "epoch"}
             assert 0.0 <= entry["test"] <= 1.0
     summary = result["summary"]

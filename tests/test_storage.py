@@ -1,0 +1,430 @@
+"""The storage tier: exact rows, exact counters, O_DIRECT and its fallback."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import re
+import shutil
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hmgraph.cache import storage
+from hmgraph.cache.format import (
+    DATA_OFFSET,
+    PAGE_BYTES,
+    FeatureFileError,
+    write_feature_file,
+)
+from hmgraph.cache.storage import StorageFeature, StorageStats
+
+REPO = Path(__file__).resolve().parents[1]
+DEV_SHM = Path("/dev/shm")
+
+ROWS = {
+    "float32x100": ((1000, 100), np.float32),
+    "float32x7-straddling": ((3000, 7), np.float32),
+    "float16-3d": ((700, 3, 5), np.float16),
+    "int64": ((900, 3), np.int64),
+    "wider-than-a-page": ((60, 1500), np.float32),
+}
+
+CONFIGS = {
+    "default": {},
+    "one-thread": {"num_threads": 1},
+    "one-page-runs": {"max_run_bytes": PAGE_BYTES,
+                      "chunk_bytes": 2 * PAGE_BYTES, "num_threads": 3},
+}
+
+ID_SETS = {
+    "sorted": lambda n, rng: np.arange(0, n, 3),
+    "unsorted-duplicates": lambda n, rng: rng.integers(0, n, 2 * n),
+    "empty": lambda n, rng: np.zeros(0, np.int64),
+    "last-row": lambda n, rng: np.array([n - 1]),
+    "all-rows": lambda n, rng: np.arange(n),
+    "single": lambda n, rng: np.array([n // 2]),
+}
+
+
+def accepts_o_direct(folder: Path) -> bool:
+    """Whether files in ``folder`` can be opened and read with O_DIRECT."""
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    probe = folder / f".odirect-probe-{os.getpid()}"
+    probe.write_bytes(b"\0" * PAGE_BYTES)
+    try:
+        fd = os.open(probe, os.O_RDONLY | os.O_DIRECT)
+        try:
+            os.preadv(fd, [memoryview(mmap.mmap(-1, PAGE_BYTES))], 0)
+        finally:
+            os.close(fd)
+        return True
+    except OSError as err:
+        if err.errno != errno.EINVAL:
+            raise
+        return False
+    finally:
+        probe.unlink()
+
+
+@pytest.fixture
+def disk_dir(tmp_path):
+    """A folder on a filesystem that accepts O_DIRECT.
+
+    pytest's ``tmp_path`` where it does (ext4 /tmp), else a folder beside
+    the checkout; skips when neither does.
+    """
+    if accepts_o_direct(tmp_path):
+        yield tmp_path
+        return
+    (REPO / ".pytest_cache").mkdir(exist_ok=True)
+    folder = Path(tempfile.mkdtemp(dir=REPO / ".pytest_cache"))
+    try:
+        if not accepts_o_direct(folder):
+            pytest.skip("neither /tmp nor the checkout accepts O_DIRECT")
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
+def make_rows(shape, dtype, seed=0) -> np.ndarray:
+    """Seeded rows with no two alike, so a wrong row cannot pass."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * 1000).astype(dtype)
+
+
+def check_feature_contract(feature, reference: np.ndarray, ids) -> None:
+    """``feature.read(ids)`` equals ``reference[ids]`` bit for bit."""
+    ids = np.asarray(ids, dtype=np.int64)
+    rows = feature.read(torch.from_numpy(ids))
+    assert rows.device == torch.device("cpu")
+    assert rows.dtype == torch.from_numpy(reference[:0]).dtype
+    assert tuple(rows.shape) == (len(ids), *reference.shape[1:])
+    expected = reference[ids]
+    assert rows.numpy().tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("ids", ID_SETS.values(), ids=ID_SETS.keys())
+@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
+@pytest.mark.parametrize("shape,dtype", ROWS.values(), ids=ROWS.keys())
+def test_reads_equal_written_rows(disk_dir, shape, dtype, config, ids):
+    rows = make_rows(shape, dtype)
+    path = disk_dir / "feat.bin"
+    write_feature_file(path, rows)
+    with StorageFeature(path, **config) as feature:
+        assert feature.shape == shape
+        assert feature.dtype == torch.from_numpy(rows[:0]).dtype
+        check_feature_contract(
+            feature, rows, ids(shape[0], np.random.default_rng(1)))
+
+
+@pytest.fixture(scope="module")
+def straddling(tmp_path_factory):
+    """An open StorageFeature of 7-float rows (28 bytes: rows straddle)."""
+    folder = tmp_path_factory.mktemp("straddling")
+    rows = make_rows((2000, 7), np.float32)
+    write_feature_file(folder / "feat.bin", rows)
+    feature = StorageFeature(folder / "feat.bin", num_threads=3,
+                             max_run_bytes=2 * PAGE_BYTES,
+                             chunk_bytes=4 * PAGE_BYTES)
+    yield feature, rows
+    feature.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_any_ids_read_exactly(straddling, data):
+    feature, rows = straddling
+    last = len(rows) - 1
+    ids = data.draw(st.lists(
+        st.one_of(st.integers(0, last), st.sampled_from([0, last])),
+        max_size=300,
+    ))
+    check_feature_contract(feature, rows, ids)
+
+
+def test_int32_and_numpy_ids(disk_dir):
+    rows = make_rows((50, 4), np.float32)
+    write_feature_file(disk_dir / "feat.bin", rows)
+    with StorageFeature(disk_dir / "feat.bin") as feature:
+        ids = np.array([7, 3, 7], dtype=np.int32)
+        assert feature.read(ids).numpy().tobytes() == rows[ids].tobytes()
+        assert feature.read(torch.from_numpy(ids)).shape == (3, 4)
+
+
+# Counters ---------------------------------------------------------------
+
+def test_contiguous_rows_read_their_pages_once(disk_dir):
+    rows = make_rows((1000, 100), np.float32)  # 400 bytes a row
+    write_feature_file(disk_dir / "feat.bin", rows)
+    with StorageFeature(disk_dir / "feat.bin") as feature:
+        feature.read(torch.arange(10))  # 4000 bytes: one page
+        assert feature.stats.pages_read == 1
+        assert feature.stats.bytes_read == PAGE_BYTES
+        feature.stats.reset()
+        feature.read(torch.arange(11))  # 4400 bytes: two pages
+        assert (feature.stats.pages_read, feature.stats.reads) == (2, 1)
+        feature.stats.reset()
+        feature.read(torch.arange(1000))  # 400,000 bytes: 98 pages
+        assert feature.stats.pages_read == -(-400_000 // PAGE_BYTES)
+        assert feature.stats.reads == 1  # one run, under max_run_bytes
+
+
+def test_duplicates_read_once_and_counters_are_exact(disk_dir):
+    rows = make_rows((1000, 100), np.float32)
+    write_feature_file(disk_dir / "feat.bin", rows)
+    with StorageFeature(disk_dir / "feat.bin") as feature:
+        assert feature.stats == StorageStats()
+        feature.read(torch.tensor([500, 500, 500]))
+        assert feature.stats.as_dict() | {"seconds": 0.0} == {
+            "requests": 1, "rows_requested": 3, "rows_read": 1,
+            "pages_read": 1, "bytes_read": PAGE_BYTES, "reads": 1,
+            "seconds": 0.0,
+        }
+        # Rows 0 and 1 share page 0; row 999 sits far away: two runs.
+        feature.read(torch.tensor([999, 1, 0, 1]))
+        assert feature.stats.requests == 2
+        assert feature.stats.rows_requested == 7
+        assert feature.stats.rows_read == 1 + 3
+        assert feature.stats.pages_read == 1 + 2
+        assert feature.stats.reads == 1 + 2
+        # Rows on adjacent pages share a run: row 10 is on pages 0-1.
+        feature.stats.reset()
+        feature.read(torch.tensor([10, 21]))  # pages 0-1 and 2
+        assert (feature.stats.pages_read, feature.stats.reads) == (3, 1)
+        feature.read(torch.zeros(0, dtype=torch.int64))
+        assert feature.stats.requests == 2
+        assert feature.stats.pages_read == 3
+        assert feature.stats.seconds > 0.0
+        feature.stats.reset()
+        assert feature.stats == StorageStats()
+
+
+def test_small_runs_mean_more_reads_same_rows(disk_dir):
+    rows = make_rows((2000, 100), np.float32)  # 800,000 bytes
+    write_feature_file(disk_dir / "feat.bin", rows)
+    ids = torch.arange(2000)
+    with StorageFeature(disk_dir / "feat.bin") as big, StorageFeature(
+        disk_dir / "feat.bin", max_run_bytes=4 * PAGE_BYTES
+    ) as small:
+        assert big.read(ids).numpy().tobytes() == rows.tobytes()
+        assert small.read(ids).numpy().tobytes() == rows.tobytes()
+        pages = -(-800_000 // PAGE_BYTES)
+        assert big.stats.pages_read == pages
+        assert big.stats.reads == 1
+        # Tasks split between rows: a straddling row costs a page twice.
+        assert pages <= small.stats.pages_read < pages + small.num_threads
+        assert small.stats.reads >= pages // 4
+
+
+# Direct I/O --------------------------------------------------------------
+
+def test_direct_io_on_the_disk(disk_dir, recwarn):
+    rows = make_rows((100, 100), np.float32)
+    write_feature_file(disk_dir / "feat.bin", rows)
+    with StorageFeature(disk_dir / "feat.bin") as feature:
+        assert feature.direct
+        check_feature_contract(feature, rows, [99, 0, 50])
+    with StorageFeature(disk_dir / "feat.bin", direct=False) as feature:
+        assert not feature.direct
+        check_feature_contract(feature, rows, [99, 0, 50])
+    assert not [w for w in recwarn if w.category is RuntimeWarning]
+
+
+def _check_fallback(path: Path, rows: np.ndarray) -> None:
+    with pytest.warns(RuntimeWarning) as caught:
+        feature = StorageFeature(path)
+    with feature:
+        assert not feature.direct
+        check_feature_contract(feature, rows, [3, 0, len(rows) - 1, 3])
+        check_feature_contract(feature, rows, np.arange(len(rows)))
+    refusals = [w for w in caught if w.category is RuntimeWarning]
+    assert len(refusals) == 1
+    assert str(path) in str(refusals[0].message)
+    assert "O_DIRECT" in str(refusals[0].message)
+
+
+@pytest.mark.skipif(
+    not DEV_SHM.is_dir() or accepts_o_direct(DEV_SHM),
+    reason="no /dev/shm, or its tmpfs accepts O_DIRECT (Linux >= 6.6)",
+)
+def test_fallback_on_a_filesystem_refusing_o_direct():
+    folder = Path(tempfile.mkdtemp(dir=DEV_SHM))
+    try:
+        rows = make_rows((300, 7), np.float32)
+        write_feature_file(folder / "feat.bin", rows)
+        _check_fallback(folder / "feat.bin", rows)
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_fallback_when_open_refuses_o_direct(disk_dir, monkeypatch):
+    rows = make_rows((300, 7), np.float32)
+    write_feature_file(disk_dir / "feat.bin", rows)
+    real_open = os.open
+
+    def refusing_open(path, flags, *args, **kwargs):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument", str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(storage.os, "open", refusing_open)
+    _check_fallback(disk_dir / "feat.bin", rows)
+
+
+def test_fallback_when_first_read_refuses_o_direct(disk_dir, monkeypatch):
+    rows = make_rows((300, 7), np.float32)
+    write_feature_file(disk_dir / "feat.bin", rows)
+    real_preadv = os.preadv
+    calls = []
+
+    def refusing_once(fd, buffers, offset, *args):
+        calls.append(offset)
+        if len(calls) == 1:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_preadv(fd, buffers, offset, *args)
+
+    monkeypatch.setattr(storage.os, "preadv", refusing_once)
+    _check_fallback(disk_dir / "feat.bin", rows)
+
+
+def test_other_open_errors_are_not_swallowed(disk_dir, monkeypatch):
+    write_feature_file(disk_dir / "feat.bin", make_rows((10, 4), np.float32))
+
+    def failing_open(path, flags, *args, **kwargs):
+        raise OSError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(storage.os, "open", failing_open)
+    with pytest.raises(PermissionError):
+        StorageFeature(disk_dir / "feat.bin")
+
+
+# Errors ------------------------------------------------------------------
+
+@pytest.fixture
+def small(disk_dir):
+    rows = make_rows((1000, 10), np.float32)
+    write_feature_file(disk_dir / "feat.bin", rows)
+    with StorageFeature(disk_dir / "feat.bin") as feature:
+        yield feature
+
+
+def test_ids_out_of_range(small):
+    with pytest.raises(ValueError, match=r"id 1002 out of range.*1000 rows"):
+        small.read(torch.tensor([5, 1000, 1002, 3]))
+    with pytest.raises(ValueError, match="id -1 out of range"):
+        small.read(torch.tensor([-1, 0]))
+    assert small.stats.requests == 0
+
+
+def test_float_ids_are_refused(small):
+    with pytest.raises(TypeError, match="float32"):
+        small.read(torch.tensor([1.0, 2.0]))
+    with pytest.raises(TypeError, match="list"):
+        small.read([1, 2])
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"num_threads": 0}, "num_threads"),
+    ({"max_run_bytes": 100}, "max_run_bytes"),
+    ({"chunk_bytes": 1 << 19}, "chunk_bytes"),
+], ids=["no-threads", "run-under-a-page", "chunk-under-a-run"])
+def test_bad_settings(disk_dir, kwargs, message):
+    write_feature_file(disk_dir / "feat.bin", make_rows((10, 4), np.float32))
+    with pytest.raises(ValueError, match=message):
+        StorageFeature(disk_dir / "feat.bin", **kwargs)
+
+
+def test_truncated_file_is_refused(disk_dir):
+    path = disk_dir / "feat.bin"
+    write_feature_file(path, make_rows((5000, 10), np.float32))
+    with open(path, "r+b") as f:
+        f.truncate(DATA_OFFSET + 1000)
+    with pytest.raises(FeatureFileError, match="truncated"):
+        StorageFeature(path)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
+def test_file_cut_short_after_opening(disk_dir, direct):
+    path = disk_dir / "feat.bin"
+    rows = make_rows((5000, 10), np.float32)  # 200,000 bytes, 49 pages
+    write_feature_file(path, rows)
+    with StorageFeature(path, direct=direct) as feature:
+        with open(path, "r+b") as f:
+            f.truncate(DATA_OFFSET + 100_000 + 123)  # mid-page
+        check_feature_contract(feature, rows, [0, 10])
+        with pytest.raises(ValueError, match=re.escape(f"{path} is truncated")):
+            feature.read(torch.tensor([0, 4999]))
+        with pytest.raises(ValueError, match="truncated"):
+            feature.read(torch.arange(5000))
+
+
+def test_read_after_close(small):
+    small.close()
+    small.close()  # idempotent
+    with pytest.raises(ValueError, match="is closed"):
+        small.read(torch.tensor([0]))
+
+
+# Threads -----------------------------------------------------------------
+
+def test_thread_counts_agree_and_threads_end(disk_dir):
+    rows = make_rows((4000, 100), np.float32)
+    write_feature_file(disk_dir / "feat.bin", rows)
+    ids = torch.from_numpy(np.random.default_rng(2).integers(0, 4000, 3000))
+    before = threading.active_count()
+    results = []
+    for num_threads in (1, 8):
+        feature = StorageFeature(disk_dir / "feat.bin",
+                                 num_threads=num_threads)
+        results.append(feature.read(ids))
+        assert threading.active_count() <= before + num_threads
+        feature.close()
+        assert threading.active_count() == before
+    assert torch.equal(results[0], results[1])
+    assert results[0].numpy().tobytes() == rows[ids.numpy()].tobytes()
+
+
+def test_concurrent_callers(disk_dir):
+    rows = make_rows((3000, 7), np.float32)
+    write_feature_file(disk_dir / "feat.bin", rows)
+    rng = np.random.default_rng(3)
+    id_sets = [rng.integers(0, 3000, 500) for _ in range(6)]
+    errors = []
+    with StorageFeature(disk_dir / "feat.bin") as feature:
+
+        def work(ids):
+            try:
+                check_feature_contract(feature, rows, ids)
+            except BaseException as err:  # reported below
+                errors.append(err)
+
+        callers = [threading.Thread(target=work, args=(ids,))
+                   for ids in id_sets]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join()
+        assert not errors
+        assert feature.stats.requests == 6
+        assert feature.stats.rows_requested == 3000
+        assert feature.stats.rows_read == sum(
+            len(np.unique(ids)) for ids in id_sets)
+
+
+def test_repr_and_warnings_free_close(disk_dir):
+    write_feature_file(disk_dir / "feat.bin", make_rows((10, 4), np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        feature = StorageFeature(disk_dir / "feat.bin")
+        assert "feat.bin" in repr(feature) and "direct=True" in repr(feature)
+        del feature  # __del__ closes quietly

@@ -226,6 +226,9 @@ class DataLoader:
             else None,
         )
         self.window = self.plan.window if window is None else window
+        #: Set to a list to record each batch's unique input ids (a trace
+        #: for replaying policies, e.g. Belady's, on the same accesses).
+        self.trace: list | None = None
         self.stats = LoaderStats(cache=self.cache.stats,
                                  storage=getattr(source, "stats", None))
 
@@ -313,6 +316,8 @@ class DataLoader:
         self.stats.rows_requested += int(sampled.input_nodes.numel())
         self.stats.seconds["sample"] += sampled.sample_seconds
         self.stats.seconds["fetch"] += batch.fetch_seconds
+        if self.trace is not None:
+            self.trace.append(sampled.unique_inputs)
         blocks = sampled.blocks
         if self.device.type == "cpu":
             blocks[0].srcdata["feat"] = batch.x

@@ -8,9 +8,11 @@ policy with one or more slot stores:
   device and the host store together, so a row lives in at most one of
   them (exclusive); static rows go to the device first, admitted rows to
   whichever store has a free slot, device first;
-* the peers (``degree``, ``presample``, ``lru``, ``clock``) are a device
-  layer stacked over a host layer, each with its own policy, as systems
-  without coordination run them.
+* the static peers (``degree``, ``presample``) are one layer too: the top
+  rows, the very top on the device;
+* the dynamic peers (``lru``, ``clock``) are a device layer stacked over a
+  host layer, each with its own policy, as systems without coordination
+  run them.
 
 Lookups resolve layer by layer in vectorised steps; misses of the last
 layer are read from the source in one call.

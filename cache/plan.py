@@ -219,14 +219,17 @@ def build_cache(source: Feature, plan: CachePlan, device="cpu", *,
     host_store = SlotStore("host", n, shape, dtype, plan.host_rows, "cpu",
                            pin=device.type == "cuda")
     context = {"degrees": degrees, "hotness": counts}
+    both = plan.device_rows + plan.host_rows
     if plan.policy == "none":
         layers = []
     elif plan.policy == "hmgraph":
-        policy = make_policy(
-            "hmgraph", n, plan.device_rows + plan.host_rows,
-            hotness=counts, static_rows=plan.static_rows,
-            window=plan.window,
-        )
+        policy = make_policy("hmgraph", n, both, hotness=counts,
+                             static_rows=plan.static_rows,
+                             window=plan.window)
+        layers = [Layer(policy, [device_store, host_store])]
+    elif plan.policy in ("degree", "presample"):
+        # Static contents: the top rows, the very top on the device.
+        policy = make_policy(plan.policy, n, both, **context)
         layers = [Layer(policy, [device_store, host_store])]
     else:
         layers = [

@@ -359,6 +359,25 @@ class BeladyPolicy(HMGraphPolicy):
         """Give the whole trace of unique-id batches, in order."""
         self._next = next_use_trace(trace)
         self._position = 0
+        first = torch.full((self.num_rows,), _NEVER, dtype=torch.int64)
+        for index in range(len(trace) - 1, -1, -1):
+            first[trace[index]] = index
+        self._first_use = first
+
+    def warm(self) -> torch.Tensor:
+        """The rows used first: what an optimal prefill would hold.
+
+        Static policies fill their cache before the first batch; so may
+        OPT, or it would not be a ceiling for them.
+        """
+        if self._next is None:
+            raise ValueError("belady needs the whole trace: call set_trace")
+        used = (self._first_use < _NEVER).nonzero().squeeze(1)
+        order = torch.argsort(self._first_use[used], stable=True)
+        ids = used[order[: self.capacity]]
+        self.next_use[ids] = self._first_use[ids]
+        self.resident[ids] = True
+        return ids
 
     def _step(self, ids, hit, future) -> Step:
         if self._next is None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from contract import check_feature_contract
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -100,17 +101,6 @@ def make_rows(shape, dtype, seed=0) -> np.ndarray:
     """Seeded rows with no two alike, so a wrong row cannot pass."""
     rng = np.random.default_rng(seed)
     return (rng.standard_normal(shape) * 1000).astype(dtype)
-
-
-def check_feature_contract(feature, reference: np.ndarray, ids) -> None:
-    """``feature.read(ids)`` equals ``reference[ids]`` bit for bit."""
-    ids = np.asarray(ids, dtype=np.int64)
-    rows = feature.read(torch.from_numpy(ids))
-    assert rows.device == torch.device("cpu")
-    assert rows.dtype == torch.from_numpy(reference[:0]).dtype
-    assert tuple(rows.shape) == (len(ids), *reference.shape[1:])
-    expected = reference[ids]
-    assert rows.numpy().tobytes() == expected.tobytes()
 
 
 @pytest.mark.parametrize("ids", ID_SETS.values(), ids=ID_SETS.keys())

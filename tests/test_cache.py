@@ -1,0 +1,330 @@
+"""The feature cache: every tier and policy returns the feature file's rows.
+
+One contract (`contract.check_feature_contract`) runs against every cache
+configuration, in memory and over the O_DIRECT storage tier, with
+Hypothesis-generated id sequences; counters and budgets are asserted too.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import dgl
+import numpy as np
+import pytest
+import torch
+from contract import check_feature_contract
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hmgraph
+from hmgraph.cache.budget import check_available, parse_budget
+from hmgraph.cache.coordinated import FeatureCache
+from hmgraph.cache.feature import TensorFeature, check_ids
+from hmgraph.cache.format import write_feature_file
+from hmgraph.cache.plan import build_cache, make_plan, replay
+from hmgraph.cache.policies import (
+    POLICIES,
+    BeladyPolicy,
+    make_policy,
+)
+from hmgraph.cache.storage import StorageFeature
+
+NUM_ROWS = 600
+ROW_SHAPE = (7,)  # 28-byte rows: rows straddle pages on disk
+CACHE_POLICIES = [name for name in POLICIES if name != "belady"]
+BUDGETS = {  # (device rows, host rows)
+    "small": (20, 60),
+    "device-only": (50, 0),
+    "host-only": (0, 80),
+    "all-rows": (200, 400),
+}
+
+
+def reference_rows(seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((NUM_ROWS, *ROW_SHAPE)).astype(np.float32)
+
+
+def profile_trace(seed: int = 1, batches: int = 8) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    weights = 1.0 / torch.arange(1, NUM_ROWS + 1).double()
+    return [torch.multinomial(weights, 90, replacement=True,
+                              generator=generator).unique()
+            for _ in range(batches)]
+
+
+def make_cache(policy: str, budget, source) -> FeatureCache:
+    trace = profile_trace()
+    counts = torch.zeros(NUM_ROWS, dtype=torch.int64)
+    for ids in trace:
+        counts[ids] += 1
+    row_bytes = source.row_bytes
+    plan = make_plan(policy, NUM_ROWS, row_bytes, budget[0] * row_bytes,
+                     budget[1] * row_bytes, counts=counts, trace=trace,
+                     window=2)
+    degrees = torch.arange(NUM_ROWS).flip(0)
+    return build_cache(source, plan, counts=counts, degrees=degrees)
+
+
+@pytest.fixture(scope="module")
+def rows() -> np.ndarray:
+    return reference_rows()
+
+
+@pytest.fixture(scope="module")
+def feature_path(tmp_path_factory, rows):
+    path = tmp_path_factory.mktemp("cache") / "feat.bin"
+    write_feature_file(path, rows)
+    return path
+
+
+SOURCES = ["memory", "storage"]
+
+
+def make_source(kind, rows, feature_path):
+    if kind == "memory":
+        return TensorFeature(torch.from_numpy(rows.copy()))
+    return StorageFeature(feature_path, num_threads=2)
+
+
+id_batches = st.lists(
+    st.lists(st.integers(0, NUM_ROWS - 1), max_size=120),
+    min_size=1, max_size=6,
+)
+
+
+@pytest.mark.parametrize("budget", BUDGETS.values(), ids=BUDGETS.keys())
+@pytest.mark.parametrize("policy", CACHE_POLICIES)
+@pytest.mark.parametrize("source_kind", SOURCES)
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=id_batches)
+def test_contract_every_policy(rows, feature_path, source_kind, policy,
+                               budget, batches):
+    """Every read equals the feature file, whatever the ids and policy."""
+    source = make_source(source_kind, rows, feature_path)
+    with make_cache(policy, budget, source) as cache:
+        batches = [*batches, [NUM_ROWS - 1, 0, NUM_ROWS - 1], []]
+        for index, ids in enumerate(batches):
+            future = [torch.tensor(sorted(set(b)), dtype=torch.int64)
+                      for b in batches[index + 1:index + 3]]
+            check_feature_contract(cache, rows, ids, future=future)
+        stats = cache.stats
+        assert stats.requests == len(batches)
+        assert stats.rows_requested == sum(len(set(b)) for b in batches)
+        assert sum(stats.hits.values()) == stats.rows_requested
+        # No tier ever holds more than its budget.
+        for store in cache.stores:
+            assert store.size <= store.capacity
+            assert store.nbytes == store.capacity * cache.row_bytes
+        assert store_ids_are_consistent(cache)
+
+
+def store_ids_are_consistent(cache) -> bool:
+    """Slot tables agree, and the hmgraph layer is exclusive."""
+    seen = torch.zeros(cache.num_rows, dtype=torch.int64)
+    for store in cache.stores:
+        held = store.id_of[store.id_of >= 0]
+        assert held.numel() == store.size
+        assert torch.equal(store.slot_of[held].long(),
+                           (store.id_of >= 0).nonzero().squeeze(1))
+        seen[held] += 1
+        # Every held row is the file's row.
+        slots = store.slots(held)
+        assert torch.equal(store.gather(slots).cpu(),
+                           cache.source.read(held))
+    if cache.layers and len(cache.layers[0].stores) > 1:
+        assert int(seen.max()) <= 1, "a row in two tiers of one layer"
+    return True
+
+
+@pytest.mark.parametrize("policy", ["lru", "clock", "hmgraph"])
+def test_second_read_makes_no_storage_read(rows, feature_path, policy):
+    source = make_source("storage", rows, feature_path)
+    with make_cache(policy, BUDGETS["all-rows"], source) as cache:
+        ids = torch.randperm(NUM_ROWS)[:150]
+        check_feature_contract(cache, rows, ids)
+        pages = source.stats.pages_read
+        missed = cache.stats.hits["source"]
+        assert pages > 0 and missed <= 150
+        check_feature_contract(cache, rows, ids)
+        assert source.stats.pages_read == pages
+        assert cache.stats.hits["source"] == missed
+
+
+def test_static_policies_fill_the_hottest_rows_device_first(rows):
+    source = TensorFeature(torch.from_numpy(rows))
+    cache = make_cache("degree", BUDGETS["small"], source)
+    device, host = cache.stores
+    degrees = torch.arange(NUM_ROWS).flip(0)  # row 0 has the top degree
+    assert set(device.id_of.tolist()) == set(range(20))
+    assert set(host.id_of.tolist()) == set(range(20, 80))
+    assert degrees[device.id_of].min() > degrees[host.id_of].max()
+
+
+def test_hmgraph_plan_is_chosen_from_the_profile(rows):
+    trace = profile_trace(batches=10)
+    counts = torch.zeros(NUM_ROWS, dtype=torch.int64)
+    for ids in trace:
+        counts[ids] += 1
+    plan = make_plan("hmgraph", NUM_ROWS, 28, 20 * 28, 60 * 28,
+                     counts=counts, trace=trace, window=2)
+    assert len(plan.curve) > 2
+    best = max(point["hit_rate"] for point in plan.curve)
+    chosen = [p for p in plan.curve if p["static_rows"] == plan.static_rows]
+    assert chosen and chosen[0]["hit_rate"] == pytest.approx(best, abs=1e-4)
+    record = plan.as_dict()
+    assert record["device_rows"] == 20 and record["host_rows"] == 60
+    assert record["device_static_rows"] + record["host_static_rows"] == \
+        plan.static_rows
+    assert "static" in plan.describe()
+
+
+@settings(max_examples=30, deadline=None)
+@given(batches=st.lists(st.lists(st.integers(0, 59), min_size=1,
+                                 max_size=25), min_size=1, max_size=12),
+       capacity=st.integers(0, 40))
+def test_belady_is_the_ceiling(batches, capacity):
+    """No policy hits more than Belady's on the same trace and capacity."""
+    trace = [torch.tensor(sorted(set(b)), dtype=torch.int64)
+             for b in batches]
+    num_rows = 60
+    opt = BeladyPolicy(num_rows, capacity)
+    opt.set_trace(trace)
+    best = replay(opt, trace)
+    hotness = torch.zeros(num_rows)
+    for ids in trace:
+        hotness[ids] += 1
+    context = dict(degrees=hotness, hotness=hotness, window=3,
+                   static_rows=capacity // 2)
+    for name in CACHE_POLICIES:
+        rate = replay(make_policy(name, num_rows, capacity, **context),
+                      trace)
+        assert rate <= best + 1e-12, (name, rate, best)
+
+
+def test_unknown_policy_lists_the_names():
+    with pytest.raises(ValueError, match="available: none, degree"):
+        make_policy("fifo", 10, 5)
+    with pytest.raises(ValueError, match="unknown cache policy 'fifo'"):
+        make_plan("fifo", 10, 4, 0, 0)
+
+
+BUDGET_TEXTS = {
+    "512MB": ("512MB", None, 512 * 10**6),
+    "2GB": ("2GB", None, 2 * 10**9),
+    "1GiB": ("1GiB", None, 2**30),
+    "bytes": ("4096", None, 4096),
+    "share": ("10%", 1000, 100),
+    "int": (77, None, 77),
+}
+
+
+@pytest.mark.parametrize("text,total,expected", BUDGET_TEXTS.values(),
+                         ids=BUDGET_TEXTS.keys())
+def test_parse_budget(text, total, expected):
+    assert parse_budget(text, total) == expected
+
+
+@pytest.mark.parametrize("text,match", [
+    ("lots", "invalid budget 'lots'"), ("5XB", "invalid budget '5XB'"),
+    ("120%", "more than 100%"), ("-3MB", "invalid budget"),
+], ids=["word", "unit", "over-100", "negative"])
+def test_parse_budget_errors(text, match):
+    with pytest.raises(ValueError, match=match):
+        parse_budget(text, 1000)
+
+
+def test_budget_larger_than_memory_is_refused():
+    with pytest.raises(ValueError, match=r"host budget .* exceeds the .* "
+                       r"available on cpu"):
+        check_available("host", 10**18, "cpu")
+
+
+def test_check_ids_names_the_largest_bad_id():
+    with pytest.raises(ValueError, match=r"id 912 out of range: 2 ids "
+                       r"outside \[0, 600\) for 600 rows"):
+        check_ids(torch.tensor([3, 700, 912, 5]), 600)
+    with pytest.raises(TypeError, match="int64 or int32"):
+        check_ids(torch.tensor([1.0]), 600)
+
+
+# The loader with a cache: DGL contract, thread lifecycle, failures.
+
+@pytest.mark.parametrize("prefetch", [0, 2], ids=["inline", "threads"])
+@pytest.mark.parametrize("policy", ["hmgraph", "presample", "lru", None])
+def test_loader_over_disk_keeps_the_contract(tiny, policy, prefetch):
+    sampler = dgl.dataloading.NeighborSampler([5, 3])
+    budget = tiny.features.numel()  # a quarter of the feature bytes
+    loader = hmgraph.DataLoader(
+        tiny.graph, tiny.split["train"], sampler,
+        features=tiny.feature_path, batch_size=256, shuffle=True,
+        cache=policy, device_budget_bytes=budget // 4,
+        host_budget_bytes=budget // 2, prefetch=prefetch,
+        profile_batches=4,
+    )
+    for _ in range(2):
+        for input_nodes, output_nodes, blocks in loader:
+            assert torch.equal(blocks[0].srcdata["feat"],
+                               tiny.features[input_nodes])
+            assert torch.equal(blocks[-1].dstdata["label"],
+                               tiny.labels[output_nodes])
+    stats = loader.stats.as_dict()
+    assert stats["storage"]["pages_read"] > 0
+    hits = stats["cache"]["hits"]
+    assert sum(hits.values()) == stats["rows_requested"]
+    if policy is not None:
+        assert hits.get("device", 0) + hits.get("host", 0) > 0
+    held = loader.cache.held_bytes()
+    assert held.get("device", 0) <= budget // 4
+    assert held.get("host", 0) <= budget // 2
+    loader.close()
+
+
+def test_break_mid_epoch_leaves_no_thread(tiny):
+    before = threading.active_count()
+    loader = hmgraph.DataLoader(
+        tiny.graph, tiny.split["train"],
+        dgl.dataloading.NeighborSampler([3]), batch_size=64, prefetch=3)
+    for index, _ in enumerate(loader):
+        if index == 2:
+            break
+    assert threading.active_count() == before
+
+
+class _FailingSampler(dgl.dataloading.NeighborSampler):
+    def __init__(self, fail_at: int):
+        super().__init__([3])
+        self.calls = 0
+        self.fail_at = fail_at
+
+    def sample(self, g, seeds, exclude_eids=None):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise OSError("disk vanished")
+        return super().sample(g, seeds, exclude_eids)
+
+
+def test_error_in_a_loader_thread_reaches_the_training_loop(tiny):
+    before = threading.active_count()
+    loader = hmgraph.DataLoader(tiny.graph, tiny.split["train"],
+                                _FailingSampler(fail_at=3), batch_size=64,
+                                prefetch=2)
+    seen = 0
+    with pytest.raises(OSError, match="disk vanished"):
+        for _ in loader:
+            seen += 1
+    assert seen == 2
+    assert threading.active_count() == before
+
+
+def test_a_dead_thread_is_an_error_not_a_hang():
+    from hmgraph.pipeline import Prefetcher
+
+    class Dies(Prefetcher):
+        def _run(self):  # ends without a result or an error
+            return
+
+    with pytest.raises(RuntimeError, match="'dying' died without a result"):
+        next(Dies("dying", iter([1, 2]), depth=1))

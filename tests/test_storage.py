@@ -418,3 +418,21 @@ def test_repr_and_warnings_free_close(disk_dir):
         feature = StorageFeature(disk_dir / "feat.bin")
         assert "feat.bin" in repr(feature) and "direct=True" in repr(feature)
         del feature  # __del__ closes quietly
+
+
+@pytest.mark.parametrize("gap_pages", [0, 1, 4])
+def test_short_gaps_are_read_through(disk_dir, gap_pages):
+    """Rows a few pages apart share one read; the gap pages count."""
+    rows = make_rows((1024, 1024), np.float32)  # one row per page
+    path = disk_dir / "feat.bin"
+    write_feature_file(path, rows)
+    ids = np.arange(0, 1024, 3)  # two unwanted pages between wanted ones
+    with StorageFeature(path, max_gap_bytes=gap_pages * 4096,
+                        num_threads=1) as feature:
+        check_feature_contract(feature, rows, ids)
+        if gap_pages >= 2:  # long runs through the gaps
+            assert len(ids) < feature.stats.pages_read <= ids[-1] + 1
+            assert feature.stats.reads < 10
+        else:
+            assert feature.stats.pages_read == len(ids)
+            assert feature.stats.reads == len(ids)

@@ -18,7 +18,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 demo: $(STAMP)
 	@mkdir -p $(DATA)
-	$(BIN)/hmgraph train $(DEMO_FLAGS) --model sage --out runs/demo-sage
+	$(BIN)/hmgraph train $(DEMO_FLAGS) --model sage --out runs/demo-sage \
+		--features-on disk --cache hmgraph --device-budget 5% \
+		--host-budget 20%
 	$(BIN)/hmgraph train $(DEMO_FLAGS) --model mlp --out runs/demo-mlp
 	@$(BIN)/python -m hmgraph.report runs/demo-sage/result.json \
 		runs/demo-mlp/result.json

@@ -21,6 +21,22 @@ def mean_seconds(epochs: list[dict], stage: str) -> float:
     return sum(e["seconds"][stage] for e in epochs) / len(epochs)
 
 
+def _hits(epochs: list[dict]) -> str:
+    """Cache hit rates per tier of the last epoch, e.g. ``device 6%``."""
+    cache = epochs[-1].get("loader", {}).get("cache", {}) if epochs else {}
+    rates = cache.get("hit_rate", {})
+    return ", ".join(f"{tier} {rate:.0%}" for tier, rate in rates.items()
+                     if tier != "source") or "-"
+
+
+def _storage(epochs: list[dict]) -> str:
+    """Storage bytes read in the last epoch."""
+    from hmgraph.cache.budget import format_bytes
+
+    storage = epochs[-1].get("loader", {}).get("storage") if epochs else None
+    return format_bytes(storage["bytes_read"]) if storage else "-"
+
+
 def format_result(result: dict) -> str:
     """A short human table of one training result, one row per run."""
     metric = result["metric"]
@@ -60,17 +76,21 @@ def compare(results: list[dict]) -> str:
     str
         The table, then one line naming the best model and its margin.
     """
-    lines = ["| model | dataset | test | epoch s | sample s | fetch s | "
-             "train s |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| model | dataset | features | cache | test | epoch s | "
+             "sample s | fetch s | train s | cache hits | storage read |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---|---:|"]
     for result in results:
         epochs = [e for r in result["runs"] for e in r["epochs"]]
         s = result["summary"]
+        config = result["config"]
         lines.append(
-            f"| {result['config']['model']} | {result['config']['dataset']} "
-            f"| {s['test_mean']:.4f} ± {s['test_std']:.4f} | "
+            f"| {config['model']} | {config['dataset']} | "
+            f"{config.get('features_on', 'memory')} | "
+            f"{config.get('cache') or 'off'} | "
+            f"{s['test_mean']:.4f} ± {s['test_std']:.4f} | "
             + " | ".join(f"{mean_seconds(epochs, stage):.2f}" for stage in
                          ("epoch", "sample", "fetch", "train"))
-            + " |"
+            + f" | {_hits(epochs)} | {_storage(epochs)} |"
         )
     ranked = sorted(results, key=lambda r: r["summary"]["test_mean"],
                     reverse=True)

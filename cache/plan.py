@@ -20,6 +20,7 @@ import torch
 from hmgraph.cache.coordinated import FeatureCache, Layer
 from hmgraph.cache.feature import Feature
 from hmgraph.cache.policies import POLICIES, make_policy
+from hmgraph.cache.reuse import reuse_profile
 from hmgraph.cache.slots import SlotStore
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,13 @@ class CachePlan:
         ``hmgraph``: batches of lookahead.
     curve : list of dict
         ``hmgraph``: profiled hit rate for each static share tried.
+    reuse_levels : int
+        Batch reuse levels (0: off).
+    reuse_rows : int
+        Device rows reserved per reuse level, taken from the device
+        budget before the cache gets the rest.
+    reuse_rate : float
+        Share of rows the reuse buffers served on the profile.
     """
 
     policy: str
@@ -57,6 +65,9 @@ class CachePlan:
     static_rows: int = 0
     window: int = 0
     curve: list = field(default_factory=list)
+    reuse_levels: int = 0
+    reuse_rows: int = 0
+    reuse_rate: float = 0.0
 
     @property
     def device_static_rows(self) -> int:
@@ -72,6 +83,7 @@ class CachePlan:
         """The plan as JSON-ready data, derived sizes included."""
         record = asdict(self)
         record.update(
+            reuse_bytes=self.reuse_levels * self.reuse_rows * self.row_bytes,
             device_bytes=self.device_rows * self.row_bytes,
             host_bytes=self.host_rows * self.row_bytes,
             device_static_rows=self.device_static_rows,
@@ -91,6 +103,10 @@ class CachePlan:
                      f"{self.host_static_rows}), dynamic "
                      f"{self.device_rows + self.host_rows - self.static_rows}"
                      f", window {self.window}")
+        if self.reuse_levels:
+            text += (f"; reuse {self.reuse_levels} level(s) of "
+                     f"{self.reuse_rows} device rows (profiled reuse "
+                     f"{self.reuse_rate:.1%})")
         return text
 
 
@@ -98,7 +114,7 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
               device_budget_bytes: int, host_budget_bytes: int, *,
               counts: torch.Tensor | None = None,
               trace: Sequence[torch.Tensor] = (), window: int = 4,
-              ) -> CachePlan:
+              reuse_levels: int = 0) -> CachePlan:
     """Plan a cache within the budgets.
 
     Parameters
@@ -115,6 +131,11 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
         Profiled unique input ids per batch (``hmgraph``).
     window : int
         Lookahead batches (``hmgraph``).
+    reuse_levels : int
+        Batch reuse levels (0, 1, 2). Their buffers come out of the device
+        budget first, sized from the profiled trace (the largest batch,
+        and for two levels the largest set of rows the next batch did not
+        share); the cache's device tier gets what is left.
 
     Returns
     -------
@@ -126,11 +147,24 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
                          f"{names}")
     if row_bytes <= 0:
         raise ValueError(f"row_bytes must be positive, got {row_bytes}")
-    device_rows = min(num_rows, device_budget_bytes // row_bytes)
+    device_rows = device_budget_bytes // row_bytes
+    reuse_rows, reuse_rate = 0, 0.0
+    if reuse_levels:
+        if not trace:
+            raise ValueError("batch reuse needs a profiled trace to size "
+                             "its buffers")
+        profile = reuse_profile(trace, reuse_levels)
+        reuse_rows = min(max(profile["rows_per_level"]),
+                         device_rows // reuse_levels)
+        reuse_rate = profile["reuse_rate"]
+        device_rows -= reuse_levels * reuse_rows
+    device_rows = min(num_rows, device_rows)
     host_rows = min(num_rows - device_rows, host_budget_bytes // row_bytes)
     if policy == "none":
         device_rows = host_rows = 0
-    plan = CachePlan(policy, num_rows, row_bytes, device_rows, host_rows)
+    plan = CachePlan(policy, num_rows, row_bytes, device_rows, host_rows,
+                     reuse_levels=reuse_levels, reuse_rows=reuse_rows,
+                     reuse_rate=reuse_rate)
     if policy == "hmgraph":
         if counts is None:
             raise ValueError("the hmgraph plan needs profiled counts")

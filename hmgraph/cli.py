@@ -146,6 +146,9 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="batches sampled and fetched ahead in threads")
     cache.add_argument("--window", type=_non_negative_int, default=4,
                        help="lookahead batches for the hmgraph cache")
+    cache.add_argument("--reuse", default="none",
+                       choices=["none", "one-level", "two-level"],
+                       help="keep rows of recent batches on the device")
     cache.add_argument("--profile-batches", type=_positive_int, default=32,
                        help="batches sampled to plan the cache")
     train.add_argument("--resume", action="store_true",
@@ -184,7 +187,7 @@ def _train_command(args) -> int:
         cache=args.cache, device_budget=args.device_budget,
         host_budget=args.host_budget, features_on=args.features_on,
         prefetch=args.prefetch, window=args.window,
-        profile_batches=args.profile_batches,
+        profile_batches=args.profile_batches, reuse=args.reuse,
         resume=args.resume, verify=not args.no_verify,
         progress=not args.no_progress,
     )

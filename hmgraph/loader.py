@@ -27,6 +27,7 @@ import torch
 from hmgraph.cache.coordinated import CacheStats, FeatureCache
 from hmgraph.cache.feature import Feature, TensorFeature
 from hmgraph.cache.plan import CachePlan, build_cache, make_plan
+from hmgraph.cache.reuse import REUSE_LEVELS, BatchReuse
 from hmgraph.pipeline import Prefetcher, fetch_stage, sample_stage
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,8 @@ class LoaderStats:
         Hits per tier, admissions, bytes per link.
     storage : object or None
         The storage tier's counters (pages and bytes read), if any.
+    reuse : ReuseStats or None
+        Rows reused per level, bytes saved, seconds finding duplicates.
     """
 
     batches: int = 0
@@ -100,6 +103,7 @@ class LoaderStats:
         "sample": 0.0, "fetch": 0.0, "wait": 0.0})
     cache: CacheStats | None = None
     storage: object = None
+    reuse: object = None
 
     def reset(self) -> None:
         """Zero every counter, the cache's and storage's included."""
@@ -110,6 +114,8 @@ class LoaderStats:
             self.cache.reset()
         if self.storage is not None:
             self.storage.reset()
+        if self.reuse is not None:
+            self.reuse.reset()
 
     def hit_rate(self, tier: str) -> float:
         """Share of input rows served by ``tier`` (0.0 before any)."""
@@ -124,6 +130,8 @@ class LoaderStats:
             record["cache"] = self.cache.as_dict()
         if self.storage is not None:
             record["storage"] = self.storage.as_dict()
+        if self.reuse is not None:
+            record["reuse"] = self.reuse.as_dict()
         return record
 
 
@@ -168,6 +176,11 @@ class DataLoader:
         Lookahead batches given to the cache (default: the plan's).
     profile_batches : int
         Batches sampled to profile row accesses for the plan.
+    reuse : str
+        Batch reuse: ``"none"``, ``"one-level"`` (rows of the previous
+        batch stay on the device) or ``"two-level"`` (and those of the
+        batch before it). Works with any sampler and cache, ``None``
+        included; its buffers come out of the device budget.
     """
 
     def __init__(self, graph, indices, graph_sampler, *, features=None,
@@ -175,7 +188,8 @@ class DataLoader:
                  drop_last: bool = False, device="cpu", seed: int = 0,
                  cache=None, device_budget_bytes: int = 0,
                  host_budget_bytes: int = 0, prefetch: int = 0,
-                 window: int | None = None, profile_batches: int = 32):
+                 window: int | None = None, profile_batches: int = 32,
+                 reuse: str = "none"):
         indices = torch.as_tensor(indices)
         if indices.dtype not in (torch.int32, torch.int64):
             raise TypeError(
@@ -185,6 +199,9 @@ class DataLoader:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        if reuse not in REUSE_LEVELS:
+            raise ValueError(f"unknown reuse {reuse!r}; available: "
+                             f"{', '.join(REUSE_LEVELS)}")
         if indices.numel() and (
             int(indices.min()) < 0 or int(indices.max()) >= graph.num_nodes()
         ):
@@ -217,7 +234,8 @@ class DataLoader:
         self.profile = None
         # (1) Plan the cache (profiling with the real sampler if asked).
         self.plan = self._plan(cache, source, device_budget_bytes,
-                               host_budget_bytes, window, profile_batches)
+                               host_budget_bytes, window, profile_batches,
+                               REUSE_LEVELS[reuse])
         # (2) Build it over the source.
         counts = None if self.profile is None else self.profile.counts
         self.cache: FeatureCache = build_cache(
@@ -225,15 +243,22 @@ class DataLoader:
             degrees=graph.in_degrees() if self.plan.policy == "degree"
             else None,
         )
+        # (3) Batch reuse in front of the cache.
+        self.feature = self.cache
+        if self.plan.reuse_levels:
+            self.feature = BatchReuse(self.cache, self.plan.reuse_levels,
+                                      self.plan.reuse_rows)
         self.window = self.plan.window if window is None else window
         #: Set to a list to record each batch's unique input ids (a trace
         #: for replaying policies, e.g. Belady's, on the same accesses).
         self.trace: list | None = None
-        self.stats = LoaderStats(cache=self.cache.stats,
-                                 storage=getattr(source, "stats", None))
+        self.stats = LoaderStats(
+            cache=self.cache.stats, storage=getattr(source, "stats", None),
+            reuse=getattr(self.feature, "stats", None)
+            if self.plan.reuse_levels else None)
 
     def _plan(self, cache, source, device_budget_bytes, host_budget_bytes,
-              window, profile_batches) -> CachePlan:
+              window, profile_batches, reuse_levels) -> CachePlan:
         if isinstance(cache, CachePlan):
             if cache.num_rows != source.num_rows:
                 raise ValueError(
@@ -244,7 +269,7 @@ class DataLoader:
                 self._profile(profile_batches)
             return cache
         policy = "none" if cache is None else cache
-        if policy in ("presample", "hmgraph"):
+        if policy in ("presample", "hmgraph") or reuse_levels:
             self._profile(profile_batches)
         return make_plan(
             policy, source.num_rows, source.row_bytes, device_budget_bytes,
@@ -252,6 +277,7 @@ class DataLoader:
             counts=None if self.profile is None else self.profile.counts,
             trace=() if self.profile is None else self.profile.trace,
             window=4 if window is None else window,
+            reuse_levels=reuse_levels,
         )
 
     def _profile(self, profile_batches: int) -> None:
@@ -291,7 +317,7 @@ class DataLoader:
             sampled = Prefetcher("hmgraph-sample", sampled,
                                  self.prefetch + self.window)
             threads.append(sampled)
-        ready = fetch_stage(sampled, self.cache, self.labels, self.window,
+        ready = fetch_stage(sampled, self.feature, self.labels, self.window,
                             self.device)
         if self.prefetch:
             ready = Prefetcher("hmgraph-fetch", ready, self.prefetch)
@@ -328,7 +354,7 @@ class DataLoader:
 
     def close(self) -> None:
         """Release the feature source (files, threads)."""
-        self.cache.close()
+        self.feature.close()
 
 
 def _as_feature(features) -> Feature:

@@ -85,6 +85,7 @@ class TrainConfig:
     prefetch: int = 2
     window: int = 4
     profile_batches: int = 32
+    reuse: str = "none"
     resume: bool = False
     verify: bool = True
     progress: bool = True
@@ -183,7 +184,7 @@ def _make_loader(config, dataset, sampler, device) -> DataLoader:
         device=device, seed=config.seed, cache=config.cache,
         device_budget_bytes=device_budget, host_budget_bytes=host_budget,
         prefetch=config.prefetch, window=config.window,
-        profile_batches=config.profile_batches,
+        profile_batches=config.profile_batches, reuse=config.reuse,
     )
 
 
@@ -256,7 +257,8 @@ def _train_epoch(config, model, optimizer, loader, run, epoch) -> dict:
     seconds["train"] = train_seconds
     seconds["epoch"] = time.perf_counter() - start
     stats = loader.stats.as_dict()
-    if loader.plan.policy != "none" or loader.stats.storage is not None:
+    if loader.plan.policy != "none" or loader.stats.storage is not None \
+            or loader.stats.reuse is not None:
         log.info("run %d epoch %d: %s", run, epoch, describe_io(stats))
     return {"epoch": epoch, "loss": total_loss / max(total_seeds, 1),
             "seconds": seconds, "loader": stats}
@@ -272,6 +274,10 @@ def describe_io(stats: dict) -> str:
     text = f"rows from {rates}"
     link = cache.get("bytes", {}).get("host->device", 0)
     text += f"; host->device {format_bytes(link)}"
+    reuse = stats.get("reuse")
+    if reuse:
+        text += (f"; reused {reuse['reuse_rate']:.1%} of rows, "
+                 f"{format_bytes(reuse['bytes_saved'])} saved")
     storage = stats.get("storage")
     if storage:
         text += (f"; storage {storage['pages_read']} pages, "

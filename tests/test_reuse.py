@@ -1,0 +1,135 @@
+"""Batch reuse: exact rows, counted reuse, bounded buffers."""
+
+from __future__ import annotations
+
+import dgl
+import numpy as np
+import pytest
+import torch
+from contract import check_feature_contract
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hmgraph
+from hmgraph.cache.coordinated import FeatureCache
+from hmgraph.cache.feature import TensorFeature
+from hmgraph.cache.plan import make_plan
+from hmgraph.cache.reuse import BatchReuse, member, reuse_profile
+
+NUM_ROWS = 300
+
+
+def reference() -> np.ndarray:
+    return np.random.default_rng(3).standard_normal(
+        (NUM_ROWS, 5)).astype(np.float32)
+
+
+def make_reuse(levels: int, capacity: int = NUM_ROWS) -> BatchReuse:
+    source = TensorFeature(torch.from_numpy(reference()))
+    return BatchReuse(FeatureCache(source, []), levels, capacity)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ids=st.lists(st.integers(0, 50), max_size=40),
+       held=st.sets(st.integers(0, 50), max_size=40))
+def test_member_matches_sets(ids, held):
+    ids_t = torch.tensor(ids, dtype=torch.int64)
+    held_t = torch.tensor(sorted(held), dtype=torch.int64)
+    found, position = member(ids_t, held_t)
+    assert found.tolist() == [i in held for i in ids]
+    assert held_t[position].tolist() == [i for i in ids if i in held]
+
+
+@pytest.mark.parametrize("levels", [1, 2], ids=["one-level", "two-level"])
+@pytest.mark.parametrize("capacity", [NUM_ROWS, 7], ids=["roomy", "tight"])
+@settings(max_examples=25, deadline=None)
+@given(batches=st.lists(st.lists(st.integers(0, NUM_ROWS - 1),
+                                 max_size=60), min_size=1, max_size=8))
+def test_reuse_keeps_the_contract(levels, capacity, batches):
+    rows = reference()
+    reuse = make_reuse(levels, capacity)
+    for ids in batches:
+        check_feature_contract(reuse, rows, ids)
+        assert reuse.nbytes <= levels * capacity * reuse.row_bytes
+    stats = reuse.stats
+    assert stats.rows_requested == sum(len(set(b)) for b in batches)
+    reused = sum(stats.reused.values())
+    assert stats.bytes_saved == reused * reuse.row_bytes
+    # Whatever was not reused was asked of the cache below.
+    assert reuse.inner.stats.rows_requested == stats.rows_requested - reused
+
+
+def test_levels_reuse_what_they_should():
+    reuse = make_reuse(levels=2)
+    a, b = [1, 2, 3, 4], [3, 4, 5]
+    reuse.read(torch.tensor(a))
+    reuse.read(torch.tensor(b))  # 3, 4 from level 1
+    assert reuse.stats.reused == {"level1": 2, "level2": 0}
+    reuse.read(torch.tensor([1, 2, 5, 9]))  # 5 from level 1; 1, 2 level 2
+    assert reuse.stats.reused == {"level1": 3, "level2": 2}
+    one = make_reuse(levels=1)
+    for batch in (a, b, [1, 2, 5, 9]):
+        one.read(torch.tensor(batch))
+    assert one.stats.reused == {"level1": 3, "level2": 0}
+
+
+def test_reuse_profile_sizes_and_rate():
+    trace = [torch.tensor(t) for t in ([1, 2, 3], [2, 3, 4, 5], [1, 5])]
+    one = reuse_profile(trace, 1)
+    assert one["rows_per_level"] == [4]
+    assert one["reuse_rate"] == pytest.approx(3 / 9)  # 2, 3 then 5
+    two = reuse_profile(trace, 2)
+    assert two["rows_per_level"] == [4, 3]  # {2, 3, 4} after the last
+    assert two["reuse_rate"] == pytest.approx(4 / 9)  # and 1 from level 2
+
+
+def test_plan_takes_reuse_out_of_the_device_budget():
+    trace = [torch.arange(i, i + 40) for i in range(0, 100, 20)]
+    counts = torch.zeros(NUM_ROWS, dtype=torch.int64)
+    plan = make_plan("hmgraph", NUM_ROWS, 20, 200 * 20, 50 * 20,
+                     counts=counts, trace=trace, reuse_levels=2)
+    assert plan.reuse_rows == 40
+    assert plan.device_rows == 200 - 2 * 40
+    assert "reuse 2 level(s) of 40 device rows" in plan.describe()
+    assert plan.as_dict()["reuse_bytes"] == 2 * 40 * 20
+
+
+SEED_ORDERS = {"shuffled": True, "in-order": False}
+
+
+@pytest.mark.parametrize("reuse", ["one-level", "two-level"])
+@pytest.mark.parametrize("cache", [None, "hmgraph", "lru"])
+@pytest.mark.parametrize("shuffle", SEED_ORDERS.values(),
+                         ids=SEED_ORDERS.keys())
+def test_loader_with_reuse_returns_file_rows(tiny, reuse, cache, shuffle):
+    feature_bytes = tiny.features.numel() * 4
+    loader = hmgraph.DataLoader(
+        tiny.graph, tiny.split["train"][:700],
+        dgl.dataloading.NeighborSampler([4, 4]), batch_size=96,
+        shuffle=shuffle, features=tiny.feature_path, cache=cache,
+        device_budget_bytes=feature_bytes // 2,
+        host_budget_bytes=feature_bytes // 4, prefetch=2, reuse=reuse,
+        profile_batches=4,
+    )
+    sizes = []
+    for epoch in range(2):  # the second epoch starts after the last batch
+        loader.set_epoch(epoch)
+        for batch in loader:
+            assert torch.equal(batch.x, tiny.features[batch.input_nodes])
+            assert torch.equal(batch.y, tiny.labels[batch.output_nodes])
+            sizes.append(batch.output_nodes.numel())
+    assert sizes[-1] == 700 % 96  # a smaller last batch
+    stats = loader.stats.as_dict()["reuse"]
+    assert stats["reused"]["level1"] > 0
+    if reuse == "one-level":
+        assert stats["reused"]["level2"] == 0
+    assert loader.feature.nbytes <= loader.plan.reuse_levels * \
+        loader.plan.reuse_rows * loader.feature.row_bytes
+    loader.close()
+
+
+def test_unknown_reuse_is_refused(tiny):
+    with pytest.raises(ValueError, match="unknown reuse 'three-level'"):
+        hmgraph.DataLoader(tiny.graph, tiny.split["train"],
+                           dgl.dataloading.NeighborSampler([2]),
+                           reuse="three-level")

@@ -230,7 +230,8 @@ def replay(policy, trace: Sequence[torch.Tensor], window: int | None = None
 
 def build_cache(source: Feature, plan: CachePlan, device="cpu", *,
                 counts: torch.Tensor | None = None,
-                degrees: torch.Tensor | None = None) -> FeatureCache:
+                degrees: torch.Tensor | None = None,
+                hop_counts: torch.Tensor | None = None) -> FeatureCache:
     """A `FeatureCache` over ``source`` laid out as ``plan`` says.
 
     Parameters
@@ -242,9 +243,9 @@ def build_cache(source: Feature, plan: CachePlan, device="cpu", *,
     device : torch.device or str
         The training device: the device tier's memory and where reads
         return rows. Host memory is pinned when it is a CUDA device.
-    counts, degrees : torch.Tensor, optional
-        Profiled accesses per row (``presample``, ``hmgraph``) and
-        in-degrees (``degree``).
+    counts, degrees, hop_counts : torch.Tensor, optional
+        Profiled accesses per row (``presample``, ``hmgraph``), in-degrees
+        (``degree``), profiled accesses per hop and row (``layer-aware``).
     """
     device = torch.device(device)
     n, shape, dtype = source.num_rows, source.row_shape, source.dtype
@@ -252,7 +253,8 @@ def build_cache(source: Feature, plan: CachePlan, device="cpu", *,
                              device)
     host_store = SlotStore("host", n, shape, dtype, plan.host_rows, "cpu",
                            pin=device.type == "cuda")
-    context = {"degrees": degrees, "hotness": counts}
+    context = {"degrees": degrees, "hotness": counts,
+               "hop_counts": hop_counts}
     both = plan.device_rows + plan.host_rows
     if plan.policy == "none":
         layers = []
@@ -261,7 +263,7 @@ def build_cache(source: Feature, plan: CachePlan, device="cpu", *,
                              static_rows=plan.static_rows,
                              window=plan.window)
         layers = [Layer(policy, [device_store, host_store])]
-    elif plan.policy in ("degree", "presample"):
+    elif plan.policy in ("degree", "presample", "layer-aware"):
         # Static contents: the top rows, the very top on the device.
         policy = make_policy(plan.policy, n, both, **context)
         layers = [Layer(policy, [device_store, host_store])]

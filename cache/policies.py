@@ -15,6 +15,8 @@ Policies, by registry name:
 ``none``       no cache.
 ``degree``     static: the rows of highest in-degree (PaGraph).
 ``presample``  static: the rows most accessed in a profiling pass (GNNLab).
+``layer-aware`` static: rows by per-hop need, hops near the seeds first
+               (2PGraph).
 ``lru``        dynamic: least recently used out, every miss admitted.
 ``clock``      dynamic: CLOCK (second chance), every miss admitted.
 ``hmgraph``    static hot rows plus a dynamic region whose evictions use the
@@ -39,10 +41,12 @@ __all__ = [
     "DegreePolicy",
     "HMGraphPolicy",
     "LRUPolicy",
+    "LayerAwarePolicy",
     "NoCachePolicy",
     "Policy",
     "PresamplePolicy",
     "Step",
+    "layer_aware_score",
     "make_policy",
     "next_use_trace",
 ]
@@ -180,6 +184,44 @@ class PresamplePolicy(_StaticPolicy):
         if hotness is None:
             raise ValueError("policy 'presample' needs profiled hotness")
         super().__init__(num_rows, capacity, hotness)
+
+
+class LayerAwarePolicy(_StaticPolicy):
+    """Static: rows by per-hop profiled need, hops near the seeds first.
+
+    2PGraph's layer-aware placement: a row needed close to the seeds (as a
+    seed or one-hop neighbour) is needed by more of the computation than a
+    row needed only at the outermost hop. See `layer_aware_score`.
+    """
+
+    name = "layer-aware"
+
+    def __init__(self, num_rows, capacity, *, hop_counts=None, **_):
+        if hop_counts is None:
+            raise ValueError("policy 'layer-aware' needs per-hop counts")
+        super().__init__(num_rows, capacity, layer_aware_score(hop_counts))
+
+
+def layer_aware_score(hop_counts: torch.Tensor) -> torch.Tensor:
+    """Per-row score from per-hop access counts.
+
+    Parameters
+    ----------
+    hop_counts : torch.Tensor
+        (num_hops + 1, num_rows): batches in which a row was first needed
+        at hop h (0 = seed).
+
+    Returns
+    -------
+    torch.Tensor
+        float64 (num_rows,): ``sum_h counts[h] * (H + 1 - h) / (H + 1)``,
+        so a need at hop 0 weighs most and one at the last hop least;
+        rows with equal totals are ordered by how close to the seeds they
+        were needed.
+    """
+    hops = hop_counts.shape[0]
+    weight = torch.arange(hops, 0, -1, dtype=torch.float64) / hops
+    return (hop_counts.double() * weight[:, None]).sum(0)
 
 
 class LRUPolicy(Policy):
@@ -421,7 +463,8 @@ def next_use_trace(trace: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 POLICIES = {
     cls.name: cls for cls in (
-        NoCachePolicy, DegreePolicy, PresamplePolicy, LRUPolicy,
+        NoCachePolicy, DegreePolicy, PresamplePolicy, LayerAwarePolicy,
+        LRUPolicy,
         ClockPolicy, HMGraphPolicy, BeladyPolicy,
     )
 }
@@ -438,7 +481,8 @@ def make_policy(name: str, num_rows: int, capacity: int, **context) -> Policy:
         See `Policy`.
     **context
         What some policies need: ``degrees`` (degree), ``hotness``
-        (presample, hmgraph), ``static_rows`` and ``window`` (hmgraph).
+        (presample, hmgraph), ``hop_counts`` (layer-aware),
+        ``static_rows`` and ``window`` (hmgraph).
 
     Raises
     ------

@@ -73,6 +73,18 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _unit_interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number in [0, 1]"
+        )
+    return value
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -129,6 +141,19 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--eval-every", type=_positive_int, default=1)
     train.add_argument("--out", default=None,
                        help="output folder (default runs/DATASET-MODEL)")
+    sampling = train.add_argument_group("sampling")
+    sampling.add_argument("--sampler", default="neighbor",
+                          choices=["neighbor", "cluster"],
+                          help="DGL's neighbour sampler, or cluster "
+                          "sampling (2PGraph)")
+    sampling.add_argument("--clusters", type=_non_negative_int, default=0,
+                          help="METIS clusters (default: one per batch)")
+    sampling.add_argument("--locality", type=_unit_interval, default=1.0,
+                          help="0: uniform neighbours .. 1: only inside "
+                          "the cluster")
+    sampling.add_argument("--renumber", action="store_true",
+                          help="make clusters contiguous id ranges "
+                          "(feature file rewritten once)")
     cache = train.add_argument_group("feature cache")
     cache.add_argument("--cache", default=None,
                        choices=[n for n in POLICIES if n != "belady"],
@@ -149,6 +174,9 @@ def _build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--reuse", default="none",
                        choices=["none", "one-level", "two-level"],
                        help="keep rows of recent batches on the device")
+    cache.add_argument("--placement", default="frequency",
+                       choices=["frequency", "layer-aware"],
+                       help="rank of rows for static placement")
     cache.add_argument("--profile-batches", type=_positive_int, default=32,
                        help="batches sampled to plan the cache")
     train.add_argument("--resume", action="store_true",
@@ -188,7 +216,9 @@ def _train_command(args) -> int:
         host_budget=args.host_budget, features_on=args.features_on,
         prefetch=args.prefetch, window=args.window,
         profile_batches=args.profile_batches, reuse=args.reuse,
-        resume=args.resume, verify=not args.no_verify,
+        placement=args.placement, sampler=args.sampler,
+        clusters=args.clusters, locality=args.locality,
+        renumber=args.renumber, resume=args.resume, verify=not args.no_verify,
         progress=not args.no_progress,
     )
     result = train(config)

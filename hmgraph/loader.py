@@ -27,12 +27,16 @@ import torch
 from hmgraph.cache.coordinated import CacheStats, FeatureCache
 from hmgraph.cache.feature import Feature, TensorFeature
 from hmgraph.cache.plan import CachePlan, build_cache, make_plan
+from hmgraph.cache.policies import layer_aware_score
 from hmgraph.cache.reuse import REUSE_LEVELS, BatchReuse
 from hmgraph.pipeline import Prefetcher, fetch_stage, sample_stage
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DataLoader", "LoaderStats", "MiniBatch"]
+
+# Policies planned from a profiling pass with the real sampler.
+_PROFILED = ("presample", "layer-aware", "hmgraph")
 
 
 class MiniBatch(tuple):
@@ -181,6 +185,10 @@ class DataLoader:
         batch stay on the device) or ``"two-level"`` (and those of the
         batch before it). Works with any sampler and cache, ``None``
         included; its buffers come out of the device budget.
+    placement : str
+        How profiled rows rank for static placement in ``hmgraph`` and
+        ``presample``: ``"frequency"`` (batches that read the row) or
+        ``"layer-aware"`` (per-hop need, hops near the seeds first).
     """
 
     def __init__(self, graph, indices, graph_sampler, *, features=None,
@@ -189,7 +197,7 @@ class DataLoader:
                  cache=None, device_budget_bytes: int = 0,
                  host_budget_bytes: int = 0, prefetch: int = 0,
                  window: int | None = None, profile_batches: int = 32,
-                 reuse: str = "none"):
+                 reuse: str = "none", placement: str = "frequency"):
         indices = torch.as_tensor(indices)
         if indices.dtype not in (torch.int32, torch.int64):
             raise TypeError(
@@ -199,6 +207,10 @@ class DataLoader:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        if placement not in ("frequency", "layer-aware"):
+            raise ValueError(f"unknown placement {placement!r}; available: "
+                             f"frequency, layer-aware")
+        self.placement = placement
         if reuse not in REUSE_LEVELS:
             raise ValueError(f"unknown reuse {reuse!r}; available: "
                              f"{', '.join(REUSE_LEVELS)}")
@@ -237,11 +249,13 @@ class DataLoader:
                                host_budget_bytes, window, profile_batches,
                                REUSE_LEVELS[reuse])
         # (2) Build it over the source.
-        counts = None if self.profile is None else self.profile.counts
+        counts = self._hotness()
         self.cache: FeatureCache = build_cache(
             source, self.plan, self.device, counts=counts,
             degrees=graph.in_degrees() if self.plan.policy == "degree"
             else None,
+            hop_counts=None if self.profile is None
+            else self.profile.hop_counts,
         )
         # (3) Batch reuse in front of the cache.
         self.feature = self.cache
@@ -265,20 +279,27 @@ class DataLoader:
                     f"plan is for {cache.num_rows} rows, features have "
                     f"{source.num_rows}"
                 )
-            if cache.policy in ("presample", "hmgraph"):
+            if cache.policy in _PROFILED:
                 self._profile(profile_batches)
             return cache
         policy = "none" if cache is None else cache
-        if policy in ("presample", "hmgraph") or reuse_levels:
+        if policy in _PROFILED or reuse_levels:
             self._profile(profile_batches)
         return make_plan(
             policy, source.num_rows, source.row_bytes, device_budget_bytes,
-            host_budget_bytes,
-            counts=None if self.profile is None else self.profile.counts,
+            host_budget_bytes, counts=self._hotness(),
             trace=() if self.profile is None else self.profile.trace,
             window=4 if window is None else window,
             reuse_levels=reuse_levels,
         )
+
+    def _hotness(self) -> torch.Tensor | None:
+        """Profiled score per row for static placement."""
+        if self.profile is None:
+            return None
+        if self.placement == "layer-aware":
+            return layer_aware_score(self.profile.hop_counts)
+        return self.profile.counts
 
     def _profile(self, profile_batches: int) -> None:
         from hmgraph.samplers.presample import presample
@@ -307,8 +328,13 @@ class DataLoader:
         # DGL's samplers draw from DGL's global generator: seed it too.
         dgl.seed(self.seed + self.epoch)
         order = self.indices
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        epoch_seed = self.seed + self.epoch
+        if hasattr(self.graph_sampler, "order_seeds"):
+            # Cluster samplers order seeds by cluster (clusters shuffled).
+            order = self.graph_sampler.order_seeds(
+                order, epoch_seed if self.shuffle else self.seed)
+        elif self.shuffle:
+            generator = torch.Generator().manual_seed(epoch_seed)
             order = order[torch.randperm(order.numel(), generator=generator)]
         sampled = sample_stage(self.graph, self.graph_sampler, order,
                                self.batch_size, len(self))

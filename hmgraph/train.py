@@ -32,7 +32,8 @@ __all__ = ["CheckpointError", "TrainConfig", "train"]
 # Settings a checkpoint must share with the run that resumes it.
 _CHECKPOINT_KEYS = (
     "dataset", "model", "fanouts", "batch_size", "hidden", "layers",
-    "dropout", "lr", "weight_decay", "num_heads", "seed",
+    "dropout", "lr", "weight_decay", "num_heads", "seed", "sampler",
+    "clusters", "locality", "renumber",
 )
 
 
@@ -59,6 +60,14 @@ class TrainConfig:
     features_on : str
         ``"memory"`` (rows in RAM) or ``"disk"`` (the feature file, read
         with O_DIRECT by the storage tier).
+    sampler : str
+        ``"neighbor"`` (DGL's) or ``"cluster"`` (`ClusterSampler`).
+    clusters : int
+        METIS clusters for the cluster sampler and renumbering; 0 picks
+        one per mini-batch of the train split.
+    renumber : bool
+        Renumber nodes so clusters are contiguous (graph and feature file
+        rewritten once, cached); evaluation stays in original ids.
     """
 
     dataset: str = "synth-small"
@@ -86,6 +95,11 @@ class TrainConfig:
     window: int = 4
     profile_batches: int = 32
     reuse: str = "none"
+    placement: str = "frequency"
+    sampler: str = "neighbor"
+    clusters: int = 0
+    locality: float = 1.0
+    renumber: bool = False
     resume: bool = False
     verify: bool = True
     progress: bool = True
@@ -117,7 +131,6 @@ def train(config: TrainConfig, dataset=None) -> dict:
         per-epoch loss, metrics and seconds; best epoch; test metric at best
         validation), ``summary`` (mean and std over runs) and ``path``.
     """
-    import dgl
 
     from hmgraph import datasets
 
@@ -130,13 +143,7 @@ def train(config: TrainConfig, dataset=None) -> dict:
         else None
     completed = state["completed"] if state else []
     device = torch.device(config.device)
-    if config.model == "mlp":
-        # An MLP reads no neighbours: empty blocks of the same depth
-        # (DGL 2.1's fused sampler drops the source nodes at fanout 0).
-        sampler = dgl.dataloading.NeighborSampler([0] * config.layers,
-                                                  fused=False)
-    else:
-        sampler = dgl.dataloading.NeighborSampler(config.fanouts)
+    dataset, sampler = _make_sampler(config, dataset)
     log.info("%s", dataset)
     loader = _make_loader(config, dataset, sampler, device)
     metric = dataset.evaluator.eval_metric
@@ -163,6 +170,39 @@ def train(config: TrainConfig, dataset=None) -> dict:
     return result
 
 
+def _make_sampler(config, dataset):
+    """The sampler asked for, and the dataset renumbered if asked."""
+    import dgl
+
+    from hmgraph.datasets.renumbered import renumbered
+    from hmgraph.samplers.cluster import ClusterSampler, metis_clusters
+
+    if config.sampler not in ("neighbor", "cluster"):
+        raise ValueError(f"unknown sampler {config.sampler!r}; available: "
+                         f"neighbor, cluster")
+    clusters = None
+    if config.sampler == "cluster" or config.renumber:
+        count = config.clusters or max(1, math.ceil(
+            dataset.split["train"].numel() / config.batch_size))
+        clusters = metis_clusters(
+            dataset.graph, count,
+            Path(dataset.feature_path).parent / f"metis-{count}.npy")
+        if config.renumber:
+            dataset = renumbered(dataset, clusters, f"metis-{count}")
+            clusters = clusters[dataset.info["perm"]]
+    if config.model == "mlp":
+        # An MLP reads no neighbours: empty blocks of the same depth
+        # (DGL 2.1's fused sampler drops the source nodes at fanout 0).
+        sampler = dgl.dataloading.NeighborSampler([0] * config.layers,
+                                                  fused=False)
+    elif config.sampler == "cluster":
+        sampler = ClusterSampler(dataset.graph, config.fanouts, clusters,
+                                 locality=config.locality)
+    else:
+        sampler = dgl.dataloading.NeighborSampler(config.fanouts)
+    return dataset, sampler
+
+
 def _make_loader(config, dataset, sampler, device) -> DataLoader:
     """The training loader with the cache and feature source asked for."""
     from hmgraph.cache.budget import check_available, parse_budget
@@ -185,6 +225,7 @@ def _make_loader(config, dataset, sampler, device) -> DataLoader:
         device_budget_bytes=device_budget, host_budget_bytes=host_budget,
         prefetch=config.prefetch, window=config.window,
         profile_batches=config.profile_batches, reuse=config.reuse,
+        placement=config.placement,
     )
 
 

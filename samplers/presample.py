@@ -56,7 +56,8 @@ def presample(graph, graph_sampler, seeds: torch.Tensor, batch_size: int,
     graph_sampler : dgl.dataloading.BlockSampler
         The sampler training will use.
     seeds : torch.Tensor
-        Seed ids (the train split); shuffled with ``seed``.
+        Seed ids (the train split); shuffled with ``seed``, or ordered by
+        the sampler's ``order_seeds`` where it has one.
     batch_size : int
         Seeds per batch.
     num_batches : int
@@ -74,8 +75,11 @@ def presample(graph, graph_sampler, seeds: torch.Tensor, batch_size: int,
 
     if seeds.numel() == 0:
         raise ValueError("cannot presample: there are no seed nodes")
-    generator = torch.Generator().manual_seed(seed)
-    order = seeds[torch.randperm(seeds.numel(), generator=generator)]
+    if hasattr(graph_sampler, "order_seeds"):  # e.g. ClusterSampler
+        order = graph_sampler.order_seeds(seeds, seed)
+    else:
+        generator = torch.Generator().manual_seed(seed)
+        order = seeds[torch.randperm(seeds.numel(), generator=generator)]
     total = (order.numel() + batch_size - 1) // batch_size
     num_batches = max(1, min(num_batches, total))
     dgl.seed(seed)

@@ -330,6 +330,9 @@ def metis_parts(dataset, args, num_parts: int) -> tuple[object, dict]:
     if report is None and child.is_alive():
         child.kill()
         child.join()
+        # A kill inside the save leaves atomic_path's temporary file.
+        path.with_name(f".{path.name}.tmp-{child.pid}").unlink(
+            missing_ok=True)
         return None, dict(info, status="timeout", seconds=seconds,
                           error=f"METIS did not finish within "
                           f"{METIS_TIMEOUT_SECONDS} s; killed")

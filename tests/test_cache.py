@@ -64,7 +64,9 @@ def make_cache(policy: str, budget, source) -> FeatureCache:
                      budget[1] * row_bytes, counts=counts, trace=trace,
                      window=2)
     degrees = torch.arange(NUM_ROWS).flip(0)
-    return build_cache(source, plan, counts=counts, degrees=degrees)
+    hop_counts = torch.stack([counts, counts // 2])
+    return build_cache(source, plan, counts=counts, degrees=degrees,
+                       hop_counts=hop_counts)
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +199,8 @@ def test_belady_is_the_ceiling(batches, capacity):
     for ids in trace:
         hotness[ids] += 1
     context = dict(degrees=hotness, hotness=hotness, window=3,
-                   static_rows=capacity // 2)
+                   static_rows=capacity // 2,
+                   hop_counts=torch.stack([hotness, hotness.flip(0)]))
     for name in CACHE_POLICIES:
         rate = replay(make_policy(name, num_rows, capacity, **context),
                       trace)

@@ -151,6 +151,8 @@ def _build_parser() -> argparse.ArgumentParser:
     sampling.add_argument("--locality", type=_unit_interval, default=1.0,
                           help="0: uniform neighbours .. 1: only inside "
                           "the cluster")
+    sampling.add_argument("--group-size", type=_positive_int, default=4,
+                          help="clusters mixed into the same batches")
     sampling.add_argument("--renumber", action="store_true",
                           help="make clusters contiguous id ranges "
                           "(feature file rewritten once)")
@@ -218,6 +220,7 @@ def _train_command(args) -> int:
         profile_batches=args.profile_batches, reuse=args.reuse,
         placement=args.placement, sampler=args.sampler,
         clusters=args.clusters, locality=args.locality,
+        group_size=args.group_size,
         renumber=args.renumber, resume=args.resume, verify=not args.no_verify,
         progress=not args.no_progress,
     )

@@ -33,7 +33,7 @@ __all__ = ["CheckpointError", "TrainConfig", "train"]
 _CHECKPOINT_KEYS = (
     "dataset", "model", "fanouts", "batch_size", "hidden", "layers",
     "dropout", "lr", "weight_decay", "num_heads", "seed", "sampler",
-    "clusters", "locality", "renumber",
+    "clusters", "locality", "group_size", "renumber",
 )
 
 
@@ -99,6 +99,7 @@ class TrainConfig:
     sampler: str = "neighbor"
     clusters: int = 0
     locality: float = 1.0
+    group_size: int = 4
     renumber: bool = False
     resume: bool = False
     verify: bool = True
@@ -197,7 +198,8 @@ def _make_sampler(config, dataset):
                                                   fused=False)
     elif config.sampler == "cluster":
         sampler = ClusterSampler(dataset.graph, config.fanouts, clusters,
-                                 locality=config.locality)
+                                 locality=config.locality,
+                                 group_size=config.group_size)
     else:
         sampler = dgl.dataloading.NeighborSampler(config.fanouts)
     return dataset, sampler

@@ -102,12 +102,18 @@ class ClusterSampler(NeighborSampler):
         Cluster id per node (see `metis_clusters`).
     locality : float
         0 (uniform, DGL's sampler) to 1 (only neighbours in the cluster).
+    group_size : int
+        Clusters whose seeds are mixed into the same batches: 1 draws each
+        batch from one cluster; a few mix the labels of a batch (seeds of
+        one cluster tend to share a label) while keeping it local.
     """
 
     def __init__(self, graph, fanouts, clusters: torch.Tensor,
-                 locality: float = 1.0, **kwargs):
+                 locality: float = 1.0, group_size: int = 1, **kwargs):
         if not 0.0 <= locality <= 1.0:
             raise ValueError(f"locality must be in [0, 1], got {locality}")
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
         clusters = torch.as_tensor(clusters).long()
         if clusters.numel() != graph.num_nodes():
             raise ValueError(
@@ -125,14 +131,16 @@ class ClusterSampler(NeighborSampler):
         super().__init__(fanouts, prob=prob, **kwargs)
         self.clusters = clusters
         self.locality = locality
+        self.group_size = group_size
         self.num_clusters = int(clusters.max()) + 1 if clusters.numel() \
             else 0
 
     def order_seeds(self, seeds: torch.Tensor, seed: int) -> torch.Tensor:
         """Seeds grouped by cluster, clusters in a seeded random order.
 
-        Consecutive batches of the returned order draw their seeds from one
-        cluster or a few; within a cluster the seeds are shuffled too.
+        Clusters are shuffled and taken ``group_size`` at a time; the seeds
+        of a group are shuffled together, so consecutive batches draw their
+        seeds from one group of clusters.
 
         Parameters
         ----------
@@ -145,9 +153,10 @@ class ClusterSampler(NeighborSampler):
         cluster_rank = torch.randperm(self.num_clusters, generator=generator)
         within = torch.randperm(seeds.numel(), generator=generator)
         shuffled = seeds[within]
-        key = cluster_rank[self.clusters[shuffled]]
-        return shuffled[torch.argsort(key, stable=True)]
+        group = cluster_rank[self.clusters[shuffled]] // self.group_size
+        return shuffled[torch.argsort(group, stable=True)]
 
     def __repr__(self) -> str:
         return (f"ClusterSampler(fanouts={self.fanouts}, clusters="
-                f"{self.num_clusters}, locality={self.locality})")
+                f"{self.num_clusters}, locality={self.locality}, "
+                f"group_size={self.group_size})")

@@ -186,7 +186,56 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-verify", action="store_true",
                        help="skip the feature file's checksum")
     train.add_argument("--no-progress", action="store_true")
+    analyze = commands.add_parser(
+        "analyze", help="replay cache policies on an epoch's accesses",
+        description="Record the access trace of an epoch, replay every "
+        "cache policy at several budgets against Belady's optimum, and "
+        "write JSON, PNG plots and a markdown summary.",
+    )
+    analyze.add_argument("--dataset", default="synth-small",
+                         help=f"one of: {', '.join(known_datasets())}")
+    analyze.add_argument("--root", default="data")
+    analyze.add_argument("--fanouts", type=parse_fanouts,
+                         default=[15, 10, 5])
+    analyze.add_argument("--batch-size", type=_positive_int, default=1024)
+    analyze.add_argument("--batches", type=_non_negative_int, default=0,
+                         help="batches to trace (default: one epoch)")
+    analyze.add_argument("--budgets", type=_budget_shares,
+                         default=[0.01, 0.02, 0.05, 0.10, 0.20, 0.40],
+                         help="capacities in %% of rows, e.g. 1,5,20")
+    analyze.add_argument("--sampler", default="neighbor",
+                         choices=["neighbor", "cluster"])
+    analyze.add_argument("--clusters", type=_non_negative_int, default=0)
+    analyze.add_argument("--locality", type=_unit_interval, default=1.0)
+    analyze.add_argument("--profile-batches", type=_positive_int,
+                         default=32)
+    analyze.add_argument("--seed", type=int, default=0)
+    analyze.add_argument("--out", default="bench/results")
+    analyze.add_argument("--no-verify", action="store_true")
     return parser
+
+
+def _budget_shares(text: str) -> list[float]:
+    shares = []
+    for part in text.split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            value = -1.0
+        if not 0.0 < value <= 100.0:
+            raise argparse.ArgumentTypeError(
+                f"invalid budgets {text!r}: {part!r} is not a percentage "
+                f"in (0, 100]; example: 1,5,20"
+            )
+        shares.append(value / 100.0)
+    return shares
+
+
+def _analyze_command(args) -> int:
+    from hmgraph.analysis import run
+
+    run(args)
+    return 0
 
 
 def _train_command(args) -> int:
@@ -237,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    commands = {"train": _train_command}
+    commands = {"train": _train_command, "analyze": _analyze_command}
     try:
         return commands[args.command](args)
     except (ValueError, FileNotFoundError) as err:

@@ -212,7 +212,45 @@ def _build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--seed", type=int, default=0)
     analyze.add_argument("--out", default="bench/results")
     analyze.add_argument("--no-verify", action="store_true")
+    bench = commands.add_parser(
+        "bench", help="every configuration side by side",
+        description="Train the same model with DGL's loader (in memory, "
+        "and memmap with a cold page cache) and with hmgraph's loader "
+        "under each cache policy, reuse and cluster sampling; one table.",
+    )
+    bench.add_argument("--dataset", default="synth-small",
+                       help=f"one of: {', '.join(known_datasets())}")
+    bench.add_argument("--root", default="data")
+    bench.add_argument("--fanouts", type=parse_fanouts, default=[15, 10, 5])
+    bench.add_argument("--batch-size", type=_positive_int, default=1024)
+    bench.add_argument("--epochs", type=_positive_int, default=1)
+    bench.add_argument("--hidden", type=_positive_int, default=256)
+    bench.add_argument("--lr", type=float, default=0.003)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--device-budget", default="5%")
+    bench.add_argument("--host-budget", default="20%")
+    bench.add_argument("--configs", type=lambda t: t.split(","),
+                       default=None, help="subset, comma separated")
+    bench.add_argument("--out", default="bench/results")
+    bench.add_argument("--quick", action="store_true",
+                       help="smoke-test sizes: fanouts 5,5, batch 256, "
+                       "hidden 32, one epoch")
     return parser
+
+
+def _bench_command(args) -> int:
+    from hmgraph.benchmark import ConfigurationFailed, run
+
+    if args.quick:
+        args.fanouts, args.batch_size, args.hidden, args.epochs = (
+            [5, 5], 256, 32, 1)
+    try:
+        run(args)
+    except ConfigurationFailed as failure:
+        print(failure.stderr.rstrip(), file=sys.stderr)
+        print(f"hmgraph bench: error: {failure}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _budget_shares(text: str) -> list[float]:
@@ -286,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    commands = {"train": _train_command, "analyze": _analyze_command}
+    commands = {"train": _train_command, "analyze": _analyze_command,
+                "bench": _bench_command}
     try:
         return commands[args.command](args)
     except (ValueError, FileNotFoundError) as err:

@@ -188,3 +188,13 @@ def test_loader_with_cluster_sampler_and_layer_aware_cache(tiny, clusters):
         assert torch.equal(batch.x, tiny.features[batch.input_nodes])
     assert loader.stats.hit_rate("device") > 0
     loader.close()
+
+
+def test_groups_mix_a_few_clusters(tiny, clusters):
+    sampler = ClusterSampler(tiny.graph, FANOUTS, clusters, group_size=4)
+    order = sampler.order_seeds(tiny.split["train"], 0)
+    for start in range(0, order.numel(), 64):
+        batch = order[start:start + 64]
+        assert clusters[batch].unique().numel() <= 8  # within <= 2 groups
+    with pytest.raises(ValueError, match="group_size must be >= 1"):
+        ClusterSampler(tiny.graph, FANOUTS, clusters, group_size=0)

@@ -49,52 +49,27 @@ def parse_fanouts(text: str) -> list[int]:
     return fanouts
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a positive integer"
-        )
-    return value
+def _number(kind, low, high, closed_high: bool, what: str):
+    """An argparse type: ``kind`` in ``[low, high]`` (or ``[low, high)``)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (
+                high is not None and (value > high or (
+                    value == high and not closed_high))):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a non-negative integer"
-        )
-    return value
-
-
-def _unit_interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number in [0, 1]"
-        )
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number in [0, 1)"
-        )
-    return value
+_positive_int = _number(int, 1, None, True, "a positive integer")
+_non_negative_int = _number(int, 0, None, True, "a non-negative integer")
+_unit_interval = _number(float, 0.0, 1.0, True, "a number in [0, 1]")
+_fraction = _number(float, 0.0, 1.0, False, "a number in [0, 1)")
 
 
 def _build_parser() -> argparse.ArgumentParser:

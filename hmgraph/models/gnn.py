@@ -139,48 +139,40 @@ class _BlockModel(nn.Module):
         return h
 
 
-class GraphSAGE(_BlockModel):
+class _ConvStack(_BlockModel):
+    """A stack of one convolution class, applied as is to each block."""
+
+    conv: type
+
+    def __init__(
+        self,
+        in_feats,
+        hidden_feats,
+        num_classes,
+        num_layers=3,
+        dropout=0.5,
+        num_heads=4,
+    ):
+        super().__init__(
+            in_feats, hidden_feats, num_classes, num_layers, dropout, num_heads
+        )
+        for d_in, d_out in self._layer_dims():
+            self.layers.append(self.conv(d_in, d_out))
+
+    def _apply_layer(self, i, block, h):
+        return self.layers[i](block, h)
+
+
+class GraphSAGE(_ConvStack):
     """GraphSAGE with mean aggregation. See `_BlockModel` for parameters."""
 
-    def __init__(
-        self,
-        in_feats,
-        hidden_feats,
-        num_classes,
-        num_layers=3,
-        dropout=0.5,
-        num_heads=4,
-    ):
-        super().__init__(
-            in_feats, hidden_feats, num_classes, num_layers, dropout, num_heads
-        )
-        for d_in, d_out in self._layer_dims():
-            self.layers.append(SAGEConv(d_in, d_out))
-
-    def _apply_layer(self, i, block, h):
-        return self.layers[i](block, h)
+    conv = SAGEConv
 
 
-class GCN(_BlockModel):
+class GCN(_ConvStack):
     """GCN with symmetric normalisation. See `_BlockModel` for parameters."""
 
-    def __init__(
-        self,
-        in_feats,
-        hidden_feats,
-        num_classes,
-        num_layers=3,
-        dropout=0.5,
-        num_heads=4,
-    ):
-        super().__init__(
-            in_feats, hidden_feats, num_classes, num_layers, dropout, num_heads
-        )
-        for d_in, d_out in self._layer_dims():
-            self.layers.append(GCNConv(d_in, d_out))
-
-    def _apply_layer(self, i, block, h):
-        return self.layers[i](block, h)
+    conv = GCNConv
 
 
 class GAT(_BlockModel):

@@ -204,6 +204,7 @@ class StorageFeature(Feature):
         self.num_threads = num_threads
         self.stats = StorageStats()
         self._lock = threading.Lock()
+        self._buffers = threading.local()
         self._fd, self.direct = self._open(direct)
         self._pool = ThreadPoolExecutor(
             num_threads, thread_name_prefix="hmgraph-storage"
@@ -372,7 +373,7 @@ class StorageFeature(Feature):
         (int, int, int)
             Pages read, bytes transferred and ``preadv`` calls.
         """
-        buffer = mmap.mmap(-1, task.buffer_pages * PAGE_BYTES)  # page aligned
+        buffer = self._buffer(task.buffer_pages * PAGE_BYTES)
         view = memoryview(buffer)
         nbytes = reads = 0
         for file_page, pages, buffer_page in zip(
@@ -391,6 +392,19 @@ class StorageFeature(Feature):
         windows = sliding_window_view(elements, self._row_numel)
         out[task.row_start:task.row_stop] = windows[task.row_elements]
         return sum(task.run_pages), nbytes, reads
+
+    def _buffer(self, nbytes: int) -> mmap.mmap:
+        """This thread's page-aligned buffer of at least ``nbytes``.
+
+        Kept between reads: a fresh anonymous mapping per task would cost
+        a zero-filled page fault for every page read.
+        """
+        buffer = getattr(self._buffers, "buffer", None)
+        if buffer is None or len(buffer) < nbytes:
+            # The old mapping is unmapped once its last view is gone.
+            buffer = mmap.mmap(-1, nbytes)
+            self._buffers.buffer = buffer
+        return buffer
 
     def _read_run(self, view: memoryview, offset: int) -> tuple[int, int]:
         """Fill ``view`` from file ``offset``; return (bytes, preadv calls)."""

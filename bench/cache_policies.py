@@ -699,6 +699,13 @@ def markdown_report(result: dict) -> str:
         "/proc/self/io, page drops not timed). host->device counts every "
         "row not served by the device tier."
     )
+    loads = [value for r in result["records"] if "loadavg" in r
+             for value in (r["loadavg"]["before"][0],
+                           r["loadavg"]["after"][0])]
+    if loads:
+        notes += (f" The machine is shared: its 1-minute load average was "
+                  f"{min(loads):.1f} to {max(loads):.1f} around the runs "
+                  f"({env['cpu_count']} CPUs); see `loadavg` per record.")
     table = markdown_table(result["records"])
     return (f"# Cache policies\n\n{setup}\n\n{table}"
             f"\n{notes}\n\n## Targets\n\n{targets_section(result['targets'])}")
@@ -834,6 +841,7 @@ def main(argv: list[str] | None = None) -> int:
     # (2) Every configuration, results rewritten after each.
     records, memo, md = result["records"], {}, out.with_suffix(".md")
     for name, budget in configurations(args):
+        load_before = os.getloadavg()
         if name in (IN_MEMORY, MEMMAP_FLOOR):
             record = run_dgl(dataset, seeds, args, memmap=name != IN_MEMORY)
         else:
@@ -842,6 +850,10 @@ def main(argv: list[str] | None = None) -> int:
                 host_budgets.get(budget, 0), memo)
             if result["environment"]["o_direct"] is None:
                 result["environment"]["o_direct"] = record["direct"]
+        # Load averages (1, 5, 15 min) around the run: the machine is
+        # shared, and other work there slows every stage.
+        record["loadavg"] = {"before": load_before,
+                             "after": os.getloadavg()}
         records.append(record)
         gc.collect()
         add_ratios(records)

@@ -256,22 +256,33 @@ def read_parts(path: Path, num_nodes: int, num_parts: int):
     return torch.from_numpy(parts.astype(np.int64))
 
 
-def _metis_child(name: str, root: str, num_parts: int, path: str,
-                 conn) -> None:
+def _metis_child(name: str, root: str, batch_size: int, conn) -> None:
     """Child process: load the graph, run METIS, save the assignment.
 
-    Sends one dict through ``conn``: ``status`` (``"ok"`` or
+    Uses as many parts as batches per epoch. Sends two dicts through
+    ``conn``: first ``num_parts`` and ``path``, then ``status``
+    (``"cached"``: a usable assignment is already there, ``"ok"`` or
     ``"failed"``), ``seconds`` (METIS alone), ``peak_rss_mb`` and, on
     failure, ``error``.
     """
     try:
         dataset = datasets.load(name, root, verify=False)
+        num_nodes = dataset.num_nodes
+        num_parts = -(-dataset.split["train"].numel() // batch_size)
+        path = metis_path(dataset, num_parts)
+        conn.send({"num_parts": num_parts, "path": str(path)})
+        if read_parts(path, num_nodes, num_parts) is not None:
+            conn.send({"status": "cached", "peak_rss_mb": peak_rss_mb()})
+            return
         graph = dataset.graph
         del dataset
         start = time.perf_counter()
-        parts = dgl.metis_partition_assignment(graph, num_parts)
+        if num_parts == 1:  # METIS is not needed for one part
+            parts = np.zeros(num_nodes, dtype=np.int32)
+        else:
+            parts = dgl.metis_partition_assignment(graph, num_parts)
+            parts = parts.numpy().astype(np.int32)
         seconds = time.perf_counter() - start
-        parts = parts.numpy().astype(np.int32)
         with atomic_path(path) as tmp:
             with open(tmp, "wb") as f:
                 np.save(f, parts)
@@ -285,74 +296,92 @@ def _metis_child(name: str, root: str, num_parts: int, path: str,
         conn.close()
 
 
-def metis_parts(dataset, args, num_parts: int) -> tuple[object, dict]:
-    """METIS part of every node: cached, else computed in a child process.
+def run_metis(args) -> dict:
+    """Make sure the METIS assignment is cached, in a child process.
 
-    The child loads the dataset itself, so METIS's memory is returned to
-    the system when it exits, and a crash, an out-of-memory kill or a run
-    past `METIS_TIMEOUT_SECONDS` leaves this process running.
+    The child loads the dataset itself, before this process does, so
+    METIS's memory (several GB on synth-products) is never held next to
+    the benchmark's and is returned to the system when the child exits;
+    a crash, an out-of-memory kill or a run past `METIS_TIMEOUT_SECONDS`
+    leaves this process running.
 
     Returns
     -------
-    tuple of (torch.Tensor or None, dict)
-        The part ids (None on failure) and a JSON-ready account:
-        ``status`` (``"cached"``, ``"computed"``, ``"failed"``,
-        ``"timeout"``), ``path``, ``num_parts``, ``seconds`` (wall time
-        of the child, load included), ``metis_seconds`` and ``error``.
+    dict
+        JSON-ready: ``status`` (``"cached"``, ``"computed"``,
+        ``"failed"``, ``"timeout"``), ``path``, ``num_parts`` (None if the
+        child died before it knew them), ``seconds`` (the child's wall
+        time, loading included), ``metis_seconds``, ``child_peak_rss_mb``
+        and ``error``.
     """
-    path = metis_path(dataset, num_parts)
-    info = {"path": str(path), "num_parts": num_parts,
+    info = {"path": None, "num_parts": None,
             "timeout_seconds": METIS_TIMEOUT_SECONDS}
-    parts = read_parts(path, dataset.num_nodes, num_parts)
-    if parts is not None:
-        return parts, dict(info, status="cached", seconds=0.0)
-    if num_parts == 1:
-        return (torch.zeros(dataset.num_nodes, dtype=torch.int64),
-                dict(info, status="computed", seconds=0.0,
-                     note="one part: METIS not needed"))
-    print(f"METIS: {num_parts} parts of {dataset.num_nodes:,} nodes in a "
-          f"child process (timeout {METIS_TIMEOUT_SECONDS} s)", flush=True)
+    print(f"METIS: as many parts as batches, in a child process (timeout "
+          f"{METIS_TIMEOUT_SECONDS} s)", flush=True)
     context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
     child = context.Process(
         target=_metis_child, name="metis",
-        args=(args.dataset, str(args.root), num_parts, str(path), send))
+        args=(args.dataset, str(args.root), args.batch_size, send))
     start = time.perf_counter()
     child.start()
     send.close()
     report = None
-    if receive.poll(METIS_TIMEOUT_SECONDS):
+    while report is None:
+        left = METIS_TIMEOUT_SECONDS - (time.perf_counter() - start)
+        if left <= 0 or not receive.poll(left):
+            break
         try:
-            report = receive.recv()
+            message = receive.recv()
         except EOFError:  # the child died before sending
-            report = None
-    seconds = time.perf_counter() - start
+            break
+        if "status" in message:
+            report = message
+        else:
+            info.update(message)
+    info["seconds"] = time.perf_counter() - start
     if report is None and child.is_alive():
         child.kill()
         child.join()
-        # A kill inside the save leaves atomic_path's temporary file.
-        path.with_name(f".{path.name}.tmp-{child.pid}").unlink(
-            missing_ok=True)
-        return None, dict(info, status="timeout", seconds=seconds,
-                          error=f"METIS did not finish within "
-                          f"{METIS_TIMEOUT_SECONDS} s; killed")
+        if info["path"] is not None:  # a kill inside the save
+            path = Path(info["path"])
+            path.with_name(f".{path.name}.tmp-{child.pid}").unlink(
+                missing_ok=True)
+        return dict(info, status="timeout",
+                    error=f"METIS did not finish within "
+                    f"{METIS_TIMEOUT_SECONDS} s; killed")
     child.join()
     if report is None:
-        return None, dict(info, status="failed", seconds=seconds,
-                          error=f"METIS process exited with code "
-                          f"{child.exitcode} without a result "
-                          f"(a negative code is the signal that killed "
-                          f"it, e.g. -9 for out of memory)")
-    info.update(seconds=seconds, child_peak_rss_mb=report["peak_rss_mb"])
-    if report["status"] != "ok":
-        return None, dict(info, status="failed", error=report["error"])
+        return dict(info, status="failed",
+                    error=f"the METIS process exited with code "
+                    f"{child.exitcode} without a result (a negative code "
+                    f"is the signal that killed it, -9 for example when "
+                    f"out of memory)")
+    info["child_peak_rss_mb"] = report["peak_rss_mb"]
+    if report["status"] == "failed":
+        return dict(info, status="failed", error=report["error"])
+    if report["status"] == "cached":
+        return dict(info, status="cached")
+    return dict(info, status="computed", metis_seconds=report["seconds"])
+
+
+def load_parts(dataset, metis: dict, num_parts: int):
+    """The assignment `run_metis` cached, checked against this dataset.
+
+    Returns
+    -------
+    torch.Tensor or None
+        Part ids (int64, CPU); None if METIS failed (``metis`` then says
+        why: it is updated in place).
+    """
+    if metis["status"] not in ("cached", "computed"):
+        return None
+    path = metis_path(dataset, num_parts)
     parts = read_parts(path, dataset.num_nodes, num_parts)
     if parts is None:
-        return None, dict(info, status="failed",
-                          error=f"METIS wrote no usable assignment to "
-                          f"{path}")
-    return parts, dict(info, status="computed",
-                       metis_seconds=report["seconds"])
+        metis.update(status="failed", error=f"no usable assignment of "
+                     f"{num_parts} parts in {path}")
+    return parts
 
 
 def cluster_order(train: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
@@ -634,8 +663,10 @@ def metis_section(metis: dict | None) -> str:
     """One paragraph on the METIS step."""
     if metis is None:
         return "METIS: not reached.\n"
-    text = (f"METIS ({metis['num_parts']} parts, `{metis['path']}`): "
-            f"**{metis['status']}**")
+    text = "METIS"
+    if metis["num_parts"] is not None:
+        text += f" ({metis['num_parts']} parts, `{metis['path']}`)"
+    text += f": **{metis['status']}**"
     if metis["status"] == "computed" and "metis_seconds" in metis:
         text += (f" in {metis['metis_seconds']:.1f} s "
                  f"({metis['seconds']:.1f} s with loading, child peak RSS "
@@ -735,7 +766,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reuse: error: {err}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    # (1) The dataset, the budget and the number of METIS parts.
+    # (1) METIS parts, cached by a child process before the dataset loads
+    # here (METIS needs several GB of its own).
+    metis = run_metis(args)
+    # (2) The dataset, the budget, the parts.
     t0 = time.perf_counter()
     try:
         dataset = datasets.load(args.dataset, args.root, verify=False)
@@ -796,8 +830,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['config']['batches_per_epoch']} batches per epoch, "
           f"features {feature_bytes / 1e9:.2f} GB, device budget "
           f"{device_budget / 1e6:.1f} MB", flush=True)
-    # (2) METIS parts (before the sparse formats: the child needs memory).
-    parts, result["metis"] = metis_parts(dataset, args, num_parts)
+    parts = load_parts(dataset, metis, num_parts)
+    result["metis"] = metis
     if parts is not None:
         result["metis"].update(part_summary(train, parts, num_parts))
     else:

@@ -165,7 +165,10 @@ class DataLoader:
         Labels by node id; default ``graph.ndata["label"]`` if present.
     batch_size, shuffle, drop_last, device, seed
         As in `dgl.dataloading.DataLoader`; the shuffle of epoch ``e``
-        uses a generator seeded ``seed + e`` (see `set_epoch`).
+        uses a generator seeded ``seed + e`` (see `set_epoch`), and DGL's
+        generator is seeded alike. DGL samples with one generator per
+        OpenMP thread, so sampled blocks repeat exactly only with
+        ``OMP_NUM_THREADS=1``; the seed order always repeats.
     cache : str, CachePlan or None
         ``None`` switches caching off; a policy name (``hmgraph``,
         ``presample``, ``degree``, ``lru``, ``clock``, ``none``) is

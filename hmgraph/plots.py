@@ -28,6 +28,7 @@ def plot_analysis(result: dict, folder: str | Path, stem: str) -> list[Path]:
     budgets = list(rates["belady"])
     x = [100 * float(b) for b in budgets]
     figure, axis = plt.subplots(figsize=(7, 4.5))
+    axis.set_prop_cycle(color=plt.cm.tab20.colors)
     for name, row in rates.items():
         style = dict(color="black", linewidth=2.5, linestyle="--") \
             if name == "belady" else {}

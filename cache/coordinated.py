@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hmgraph.cache.feature import Feature, check_ids
+from hmgraph.cache.feature import Feature, check_ids, unique_sorted
 from hmgraph.cache.policies import Policy
 from hmgraph.cache.slots import SlotStore
 
@@ -170,7 +170,7 @@ class FeatureCache(Feature):
 
     def _read(self, ids, future=()) -> torch.Tensor:
         start = time.perf_counter()
-        unique, inverse = torch.unique(ids, return_inverse=True)
+        unique, inverse = unique_sorted(ids)
         out = torch.empty((unique.numel(), *self.row_shape),
                           dtype=self.dtype, device=self.device)
         pending = torch.arange(unique.numel())  # positions not yet served
@@ -205,7 +205,7 @@ class FeatureCache(Feature):
         self.stats.requests += 1
         self.stats.rows_requested += unique.numel()
         self.stats.seconds += time.perf_counter() - start
-        return out[inverse.to(self.device)]
+        return out if inverse is None else out[inverse.to(self.device)]
 
     def _count_hits(self, tier: str, rows: int) -> None:
         """Rows served by ``tier``; all but the device's cross to it."""

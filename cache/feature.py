@@ -12,7 +12,31 @@ from abc import ABC, abstractmethod
 import numpy as np
 import torch
 
-__all__ = ["Feature", "TensorFeature", "check_ids", "torch_dtype"]
+__all__ = ["Feature", "TensorFeature", "check_ids", "torch_dtype",
+           "unique_sorted"]
+
+
+def unique_sorted(ids: torch.Tensor):
+    """Sorted unique ids and where each request finds its row.
+
+    Cheaper than ``torch.unique(return_inverse=True)`` for what loaders
+    pass most: ids that are already unique (DGL's input nodes), or
+    already sorted and unique (nothing to do).
+
+    Returns
+    -------
+    (torch.Tensor, torch.Tensor or None)
+        ``unique`` and ``inverse`` with ``unique[inverse] == ids``;
+        ``inverse`` is None when ``ids`` already was ``unique``.
+    """
+    if ids.numel() < 2 or bool((ids[1:] > ids[:-1]).all()):
+        return ids, None
+    values, order = ids.sort()
+    if bool((values[1:] != values[:-1]).all()):
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
+        return values, inverse
+    return torch.unique(ids, return_inverse=True)
 
 
 def torch_dtype(dtype) -> torch.dtype:

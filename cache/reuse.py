@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hmgraph.cache.feature import Feature, check_ids
+from hmgraph.cache.feature import Feature, check_ids, unique_sorted
 
 __all__ = ["REUSE_LEVELS", "BatchReuse", "ReuseStats", "member",
            "reuse_profile"]
@@ -94,7 +94,10 @@ class ReuseStats:
     bytes_saved : int
         Bytes that did not cross to the device (or come from storage).
     seconds : float
-        Time spent finding duplicates and copying reused rows.
+        Time spent finding duplicates (unique, ``searchsorted``, keeping
+        the buffers' ids).
+    copy_seconds : float
+        Time spent copying reused rows on the device.
     """
 
     rows_requested: int = 0
@@ -102,6 +105,7 @@ class ReuseStats:
                                                   "level2": 0})
     bytes_saved: int = 0
     seconds: float = 0.0
+    copy_seconds: float = 0.0
 
     def reuse_rate(self) -> float:
         """Share of requested rows reused (0.0 before any)."""
@@ -119,7 +123,8 @@ class ReuseStats:
                 "reused": dict(self.reused),
                 "reuse_rate": self.reuse_rate(),
                 "bytes_saved": self.bytes_saved,
-                "seconds": self.seconds}
+                "seconds": self.seconds,
+                "copy_seconds": self.copy_seconds}
 
 
 class BatchReuse(Feature):
@@ -164,56 +169,67 @@ class BatchReuse(Feature):
         empty_ids = torch.zeros(0, dtype=torch.int64, device=self.device)
         empty_rows = torch.zeros((0, *self.row_shape), dtype=self.dtype,
                                  device=self.device)
-        self._last = (empty_ids, empty_rows)
-        self._older = (empty_ids, empty_rows)
+        # Each level: sorted ids, a row tensor, and each id's row in it.
+        self._last = (empty_ids, empty_rows, empty_ids)
+        self._older = (empty_ids, empty_rows, empty_ids)
 
     @property
     def nbytes(self) -> int:
-        """Device bytes held by the buffers now."""
-        return sum(rows.numel() * rows.element_size()
-                   for _, rows in (self._last, self._older))
+        """Device bytes held by the buffers now (shared tensors once)."""
+        tensors = {id(rows): rows for _, rows, _ in (self._last, self._older)}
+        return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def read(self, ids, future: Sequence[torch.Tensor] = ()) -> torch.Tensor:
         """See `Feature.read`; ``future`` is passed to the inner feature."""
         return self._read(check_ids(ids, self.num_rows), future)
 
     def _read(self, ids, future=()) -> torch.Tensor:
-        start = time.perf_counter()
+        detect = time.perf_counter()
         # (1) Unique sorted ids, on the device.
-        unique, inverse = torch.unique(ids.to(self.device),
-                                       return_inverse=True)
-        out = torch.empty((unique.numel(), *self.row_shape),
-                          dtype=self.dtype, device=self.device)
+        unique, inverse = unique_sorted(ids.to(self.device))
         pending = torch.ones(unique.numel(), dtype=torch.bool,
                              device=self.device)
-        # (2) Rows of the last batch, then of the one before.
-        for level, (held_ids, held_rows) in enumerate(
-                (self._last, self._older)[: self.levels], start=1):
+        # (2) Which ids the last batch, then the one before, hold.
+        hits = []
+        for held_ids, rows, index in (self._last, self._older)[
+                : self.levels]:
             where = pending.nonzero().squeeze(1)
             found, position = member(unique[where], held_ids)
-            out[where[found]] = held_rows[position]
-            pending[where[found]] = False
-            count = int(found.sum())
-            self.stats.reused[f"level{level}"] += count
-            self.stats.bytes_saved += count * self.row_bytes
-        self.stats.seconds += time.perf_counter() - start
-        # (3) The rest from the cache below.
+            where = where[found]
+            pending[where] = False
+            hits.append((where, rows, index[position]))
+        self.stats.seconds += time.perf_counter() - detect
+        # (3) Copy those rows on the device.
+        copy = time.perf_counter()
+        out = torch.empty((unique.numel(), *self.row_shape),
+                          dtype=self.dtype, device=self.device)
+        for level, (where, rows, index) in enumerate(hits, start=1):
+            out[where] = rows[index]
+            self.stats.reused[f"level{level}"] += where.numel()
+            self.stats.bytes_saved += where.numel() * self.row_bytes
+        self.stats.copy_seconds += time.perf_counter() - copy
+        # (4) The rest from the cache below.
         rest = pending.nonzero().squeeze(1)
         if rest.numel():
             out[rest] = self.inner.read(unique[rest].cpu(), future).to(
                 self.device)
-        # (4) Keep this batch (and what of the last it did not share).
-        start = time.perf_counter()
+        # (5) Keep this batch, and (by reference, no copy) the rows of the
+        # last batch that this one did not share.
+        detect = time.perf_counter()
         if self.levels == 2:
-            last_ids, last_rows = self._last
+            last_ids, last_rows, last_index = self._last
             shared, _ = member(last_ids, unique)
             keep = (~shared).nonzero().squeeze(1)[: self.capacity_rows]
-            self._older = (last_ids[keep], last_rows[keep])
-        keep = slice(0, self.capacity_rows)
-        self._last = (unique[keep], out[keep])
+            self._older = (last_ids[keep], last_rows, last_index[keep])
+        kept = min(unique.numel(), self.capacity_rows)
+        rows = out if kept == unique.numel() else out[:kept].clone()
+        self._last = (unique[:kept], rows,
+                      torch.arange(kept, device=self.device))
         self.stats.rows_requested += unique.numel()
-        self.stats.seconds += time.perf_counter() - start
-        return out[inverse]
+        self.stats.seconds += time.perf_counter() - detect
+        # A copy: the caller may write into its batch; the buffer must not
+        # change with it.
+        return out.clone() if inverse is None else out[inverse]
 
     def close(self) -> None:
         """Close the inner feature."""

@@ -133,3 +133,24 @@ def test_unknown_reuse_is_refused(tiny):
         hmgraph.DataLoader(tiny.graph, tiny.split["train"],
                            dgl.dataloading.NeighborSampler([2]),
                            reuse="three-level")
+
+
+@settings(max_examples=60, deadline=None)
+@given(ids=st.lists(st.integers(0, 30), max_size=25))
+def test_unique_sorted(ids):
+    from hmgraph.cache.feature import unique_sorted
+
+    tensor = torch.tensor(ids, dtype=torch.int64)
+    unique, inverse = unique_sorted(tensor)
+    assert unique.tolist() == sorted(set(ids))
+    got = unique if inverse is None else unique[inverse]
+    assert got.tolist() == ids
+
+
+def test_writing_into_a_batch_leaves_the_buffers_alone():
+    rows = reference()
+    reuse = make_reuse(levels=1)
+    x = reuse.read(torch.tensor([1, 2, 3]))
+    x.zero_()
+    again = reuse.read(torch.tensor([1, 2, 3]))
+    assert torch.equal(again, torch.from_numpy(rows[[1, 2, 3]]))

@@ -187,6 +187,9 @@ def _build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--seed", type=int, default=0)
     analyze.add_argument("--out", default="bench/results")
     analyze.add_argument("--no-verify", action="store_true")
+    from hmgraph.classify import add_parser as add_classify
+
+    add_classify(commands)
     bench = commands.add_parser(
         "bench", help="every configuration side by side",
         description="Train the same model with DGL's loader (in memory, "
@@ -299,8 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    from hmgraph import classify
+
     commands = {"train": _train_command, "analyze": _analyze_command,
-                "bench": _bench_command}
+                "bench": _bench_command, "classify": classify.command}
     try:
         return commands[args.command](args)
     except (ValueError, FileNotFoundError) as err:

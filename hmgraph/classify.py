@@ -1,0 +1,475 @@
+"""Graph classification under one protocol (``hmgraph classify``).
+
+`run` trains one model (`hmgraph.models.pooling.POOLING_MODELS`) on a TU
+dataset with stratified k-fold cross-validation:
+
+1. The graphs are split into ``folds`` stratified folds (scikit-learn's
+   ``StratifiedKFold``, shuffled with ``seed``). Each fold is the test set
+   once.
+2. From the other folds a stratified validation set as large as the test
+   fold is carved out (train : valid : test = 8 : 1 : 1 at 10 folds).
+3. The model trains with Adam on mini-batches of ``batch_size`` graphs
+   (order seeded with ``seed + 1000 * fold + epoch``), loss = cross-entropy
+   + the model's ``auxiliary_loss``, for at most ``epochs`` epochs; after
+   every epoch it is scored on the validation set only. The best epoch is
+   the highest validation metric, ties broken by the lower validation
+   loss; training stops after ``patience`` epochs without a better one.
+4. The weights of the best epoch are scored once on the test fold. The
+   test fold is never used for selection or stopping.
+5. Mean and standard deviation (over folds) of the test metric.
+
+OGB datasets (``ogbg-molbace``, ...) come with an official scaffold split:
+there the split is used as is, ``folds`` runs repeat it with seeds
+``seed + fold``, and the metric is OGB's (ROC-AUC).
+
+Results go to ``OUT/result.json`` and ``OUT/result.md`` (written
+atomically); `format_markdown` renders the table.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from hmgraph.cache.format import atomic_path
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ClassifyConfig",
+    "add_parser",
+    "command",
+    "evaluate",
+    "format_markdown",
+    "load_graph_dataset",
+    "make_folds",
+    "run",
+]
+
+
+@dataclass
+class ClassifyConfig:
+    """Settings of one cross-validated run (all JSON-serialisable).
+
+    Attributes
+    ----------
+    dataset : str
+        A TU folder name under ``root`` (``MUTAG``) or an OGB name
+        (``ogbg-molbace``).
+    model : str
+        A key of `POOLING_MODELS`.
+    folds : int
+        Cross-validation folds (or seeds on an official split).
+    max_folds : int
+        Run only the first this many folds (0: all); the summary says so.
+    epochs, patience : int
+        Epoch cap and early-stopping patience (on validation).
+    ratio : float or None
+        Pooling ratio; None takes the model's default.
+    """
+
+    dataset: str = "MUTAG"
+    root: str = "data"
+    model: str = "hap"
+    folds: int = 10
+    max_folds: int = 0
+    epochs: int = 100
+    patience: int = 20
+    batch_size: int = 128
+    hidden: int = 64
+    levels: int = 3
+    ratio: float | None = None
+    dropout: float = 0.5
+    lr: float = 0.001
+    weight_decay: float = 0.0
+    seed: int = 0
+    device: str = "cpu"
+    out: str = "runs/classify"
+    progress: bool = True
+
+    def as_dict(self) -> dict:
+        """The settings as a plain dict."""
+        return dataclasses.asdict(self)
+
+
+def load_graph_dataset(name: str, root: str | os.PathLike):
+    """A TU folder ``root/name``, or an OGB graph dataset by name.
+
+    Raises
+    ------
+    hmgraph.datasets.DatasetError
+        Not found (the message lists the TU folders under ``root``) or
+        malformed (file and line).
+    """
+    from hmgraph.datasets import DatasetError
+    from hmgraph.datasets.graphprop import OGB_GRAPH_DATASETS, load_ogbg
+    from hmgraph.datasets.tu import read_tu
+
+    if name in OGB_GRAPH_DATASETS:
+        return load_ogbg(name, root)
+    root = Path(root)
+    if not (root / name).is_dir():
+        found = sorted(p.name for p in root.glob("*/") if
+                       (p / f"{p.name}_A.txt").is_file()) \
+            if root.is_dir() else []
+        raise DatasetError(
+            f"dataset {name!r} not found under {root}: expected a TU folder "
+            f"{root / name}/ or one of {', '.join(OGB_GRAPH_DATASETS)}; "
+            f"TU folders there: {', '.join(found) or 'none'}"
+        )
+    return read_tu(root / name)
+
+
+def make_folds(labels: torch.Tensor, folds: int, seed: int) -> list[dict]:
+    """Stratified folds, each with a validation set carved from training.
+
+    Parameters
+    ----------
+    labels : torch.Tensor
+        Class of each graph, shape ``(num_graphs,)``.
+    folds : int
+        Number of folds, at least 2 and at most the number of graphs.
+    seed : int
+        Seeds the fold shuffle and the validation draws.
+
+    Returns
+    -------
+    list of dict
+        Per fold ``train``, ``valid``, ``test``: sorted int64 graph ids;
+        the tests partition all graphs, each ``valid`` is as large as its
+        ``test`` and disjoint from it and from ``train``.
+    """
+    import numpy as np
+    from sklearn.model_selection import StratifiedKFold, train_test_split
+
+    y = np.asarray(labels)
+    if not 2 <= folds <= y.size:
+        raise ValueError(
+            f"folds must be in [2, {y.size}] (the number of graphs); got "
+            f"{folds}")
+    counts = np.bincount(y)
+    stratify_folds = counts[counts > 0].min() >= folds
+    splitter = StratifiedKFold(folds, shuffle=True, random_state=seed) \
+        if stratify_folds else None
+    if splitter is None:
+        from sklearn.model_selection import KFold
+        splitter = KFold(folds, shuffle=True, random_state=seed)
+    result = []
+    for fold, (rest, test) in enumerate(splitter.split(np.zeros(y.size), y)):
+        rest_counts = np.bincount(y[rest])
+        stratify = y[rest] if rest_counts[rest_counts > 0].min() >= 2 \
+            else None
+        try:
+            train, valid = train_test_split(
+                rest, test_size=len(test), random_state=seed + fold,
+                stratify=stratify)
+        except ValueError:  # too few graphs per class to stratify
+            train, valid = train_test_split(
+                rest, test_size=len(test), random_state=seed + fold)
+        result.append({k: torch.as_tensor(np.sort(v), dtype=torch.int64)
+                       for k, v in (("train", train), ("valid", valid),
+                                    ("test", test))})
+    return result
+
+
+def _score(dataset, logits, labels) -> float:
+    """Accuracy, or the OGB evaluator's metric on the class-1 probability."""
+    if dataset.evaluator is None:
+        if labels.numel() == 0:
+            return 0.0
+        return float((logits.argmax(-1) == labels).double().mean())
+    prob = torch.softmax(logits, -1)[:, 1:2]
+    return float(dataset.evaluator.eval(
+        {"y_true": labels.view(-1, 1), "y_pred": prob})[dataset.metric])
+
+
+@torch.no_grad()
+def evaluate(model, dataset, ids, device, batch_size=512) -> dict:
+    """Loss and metric of ``model`` on the graphs ``ids`` (eval mode).
+
+    Returns
+    -------
+    dict
+        ``loss`` (mean cross-entropy) and ``metric`` (accuracy or OGB's).
+    """
+    model.eval()
+    logits, labels = [], []
+    for start in range(0, len(ids), batch_size):
+        graph, feat, y = dataset.batch(ids[start:start + batch_size])
+        logits.append(model(graph, feat.to(device)).cpu())
+        labels.append(y)
+    if not logits:
+        return {"loss": 0.0, "metric": 0.0}
+    logits, labels = torch.cat(logits), torch.cat(labels)
+    return {"loss": float(F.cross_entropy(logits, labels)),
+            "metric": _score(dataset, logits, labels)}
+
+
+def _train_fold(config, dataset, split, fold, device, bar) -> dict:
+    from hmgraph.models.pooling import build_pooling_model
+
+    seed = config.seed + 1000 * fold
+    torch.manual_seed(seed)
+    model = build_pooling_model(
+        config.model, dataset.feat_dim, config.hidden, dataset.num_classes,
+        num_levels=config.levels, dropout=config.dropout, ratio=config.ratio,
+        max_nodes=dataset.max_nodes).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
+                                 weight_decay=config.weight_decay)
+    best, best_state, history, stale = None, None, [], 0
+    start = time.perf_counter()
+    train_ids = split["train"]
+    for epoch in range(config.epochs):
+        # (1) One epoch of mini-batches in a seeded order.
+        model.train()
+        order = torch.randperm(len(train_ids), generator=torch.Generator()
+                               .manual_seed(seed + epoch))
+        total, count = 0.0, 0
+        for i in range(0, len(order), config.batch_size):
+            graph, feat, y = dataset.batch(
+                train_ids[order[i:i + config.batch_size]])
+            logits = model(graph, feat.to(device))
+            loss = F.cross_entropy(logits, y.to(device)) \
+                + model.auxiliary_loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total += float(loss) * y.numel()
+            count += y.numel()
+        # (2) Validation only: model selection and early stopping.
+        valid = evaluate(model, dataset, split["valid"], device)
+        history.append({"epoch": epoch, "loss": total / max(count, 1),
+                        "valid_loss": valid["loss"],
+                        "valid": valid["metric"]})
+        key = (valid["metric"], -valid["loss"])
+        if best is None or key > best:
+            best, stale = key, 0
+            best_state = copy.deepcopy(model.state_dict())
+            best_epoch = epoch
+        else:
+            stale += 1
+        bar.update(1)
+        bar.set_postfix(fold=fold, loss=f"{total / max(count, 1):.3f}",
+                        valid=f"{valid['metric']:.3f}")
+        if stale >= config.patience:
+            bar.update(config.epochs - epoch - 1)
+            break
+    # (3) The best epoch's weights, scored once on the test fold.
+    model.load_state_dict(best_state)
+    test = evaluate(model, dataset, split["test"], device)
+    return {"fold": fold, "best_epoch": best_epoch,
+            "epochs_run": len(history), "valid": best[0],
+            "valid_loss": -best[1], "test": test["metric"],
+            "test_loss": test["loss"],
+            "seconds": time.perf_counter() - start,
+            "sizes": {k: int(v.numel()) for k, v in split.items()},
+            "history": history}
+
+
+def run(config: ClassifyConfig, dataset=None) -> dict:
+    """Cross-validate ``config.model``; write ``result.json`` and ``.md``.
+
+    Parameters
+    ----------
+    config : ClassifyConfig
+        The settings.
+    dataset : GraphDataset, optional
+        Already loaded data; loaded from ``config`` when omitted.
+
+    Returns
+    -------
+    dict
+        ``config``, ``dataset`` (name, counts), ``protocol``, ``metric``,
+        ``folds`` (per fold: best epoch, valid and test metric, seconds,
+        history), ``summary`` (``test_mean``, ``test_std``, ``valid_mean``,
+        ``folds_run``) and ``path``.
+    """
+    from hmgraph.models.pooling import POOLING_MODELS
+
+    if config.model not in POOLING_MODELS:
+        raise ValueError(f"unknown model {config.model!r}; available: "
+                         f"{', '.join(sorted(POOLING_MODELS))}")
+    for name in ("folds", "epochs", "patience", "batch_size", "hidden",
+                 "levels"):
+        if getattr(config, name) < 1:
+            raise ValueError(f"{name} must be positive; got "
+                             f"{getattr(config, name)}")
+    device = torch.device(config.device)
+    if dataset is None:
+        dataset = load_graph_dataset(config.dataset, config.root)
+    # (1) Splits: stratified folds, or the official split repeated.
+    if dataset.split is not None:
+        splits = [dataset.split] * config.folds
+        protocol = (f"official split, {config.folds} seeds; selection and "
+                    f"early stopping on valid")
+    else:
+        splits = make_folds(dataset.labels, config.folds, config.seed)
+        protocol = (f"stratified {config.folds}-fold CV, valid carved "
+                    f"from each training fold (8:1:1 at 10 folds); "
+                    f"selection and early stopping on valid")
+    if config.max_folds:
+        splits = splits[:config.max_folds]
+        protocol += f"; first {len(splits)} of {config.folds} folds run"
+    # (2) One model per fold.
+    records = []
+    bar = tqdm(total=len(splits) * config.epochs,
+               desc=f"{dataset.name} {config.model}", unit="epoch",
+               disable=not config.progress, leave=False)
+    with bar:
+        for fold, split in enumerate(splits):
+            records.append(_train_fold(config, dataset, split, fold,
+                                       device, bar))
+            log.info("%s %s fold %d: valid %.4f test %.4f (epoch %d)",
+                     dataset.name, config.model, fold, records[-1]["valid"],
+                     records[-1]["test"], records[-1]["best_epoch"])
+    result = {
+        "config": config.as_dict(),
+        "dataset": {"name": dataset.name, "graphs": dataset.num_graphs,
+                    "classes": dataset.num_classes,
+                    "feat_dim": dataset.feat_dim},
+        "protocol": protocol,
+        "metric": dataset.metric,
+        "folds": records,
+        "summary": summarize(records),
+    }
+    # (3) JSON and markdown, atomically.
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / "result.json") as tmp:
+        tmp.write_text(json.dumps(result, indent=1))
+    with atomic_path(out / "result.md") as tmp:
+        tmp.write_text(format_markdown(result))
+    result["path"] = str(out / "result.json")
+    return result
+
+
+def summarize(records: list[dict]) -> dict:
+    """Mean and sample std over folds of the test and valid metric."""
+    test = torch.tensor([r["test"] for r in records], dtype=torch.float64)
+    valid = torch.tensor([r["valid"] for r in records], dtype=torch.float64)
+    std = float(test.std()) if len(records) > 1 else 0.0
+    return {"test_mean": float(test.mean()) if records else 0.0,
+            "test_std": std,
+            "valid_mean": float(valid.mean()) if records else 0.0,
+            "epochs_mean": (sum(r["epochs_run"] for r in records)
+                            / max(len(records), 1)),
+            "seconds": sum(r["seconds"] for r in records),
+            "folds_run": len(records)}
+
+
+def format_markdown(result: dict) -> str:
+    """The result as a markdown table: one row per fold, then mean ± std."""
+    metric, summary = result["metric"], result["summary"]
+    scale = 100.0 if metric == "acc" else 1.0
+    unit = "acc %" if metric == "acc" else metric
+
+    def fmt(value):
+        return f"{value * scale:.2f}" if scale != 1 else f"{value:.4f}"
+
+    lines = [
+        f"# {result['dataset']['name']}: {result['config']['model']}",
+        "",
+        f"Protocol: {result['protocol']}.",
+        "",
+        f"| fold | best epoch | epochs | valid {unit} | test {unit} | s |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["folds"]:
+        lines.append(f"| {r['fold']} | {r['best_epoch']} | {r['epochs_run']}"
+                     f" | {fmt(r['valid'])} | {fmt(r['test'])} | "
+                     f"{r['seconds']:.1f} |")
+    lines.append(
+        f"| **mean ± std** | | {summary['epochs_mean']:.1f} | "
+        f"{fmt(summary['valid_mean'])} | **{fmt(summary['test_mean'])} ± "
+        f"{fmt(summary['test_std'])}** | {summary['seconds']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def add_parser(commands):
+    """Add the ``classify`` subcommand to an argparse subparsers object.
+
+    Returns the new parser; `command` runs it.
+    """
+    from hmgraph.cli import _fraction, _non_negative_int, _positive_int
+    from hmgraph.models.pooling import POOLING_MODELS
+
+    parser = commands.add_parser(
+        "classify", help="graph classification with pooling models",
+        description="Cross-validate a graph classifier (HAP or a pooling "
+        "baseline) on a TU dataset (stratified k-fold, validation carved "
+        "from each training fold) or an OGB graph dataset (official split); "
+        "writes JSON and a markdown table.",
+    )
+    parser.add_argument("--dataset", default="MUTAG",
+                        help="TU folder under --root (MUTAG, PROTEINS, "
+                        "NCI1, ENZYMES, ...) or ogbg-molbace / molbbbp / "
+                        "molhiv")
+    parser.add_argument("--root", default="data",
+                        help="folder holding the datasets")
+    parser.add_argument("--model", default="hap",
+                        choices=sorted(POOLING_MODELS))
+    parser.add_argument("--folds", type=_positive_int, default=10)
+    parser.add_argument("--max-folds", type=_non_negative_int, default=0,
+                        help="run only the first N folds (default: all)")
+    parser.add_argument("--epochs", type=_positive_int, default=100)
+    parser.add_argument("--patience", type=_positive_int, default=20)
+    parser.add_argument("--batch-size", type=_positive_int, default=128)
+    parser.add_argument("--hidden", type=_positive_int, default=64)
+    parser.add_argument("--levels", type=_positive_int, default=3,
+                        help="readout levels (GIN: layers)")
+    parser.add_argument("--ratio", type=float, default=None,
+                        help="pooling ratio in (0, 1] (default: the "
+                        "model's)")
+    parser.add_argument("--dropout", type=_fraction, default=0.5)
+    parser.add_argument("--lr", type=float, default=0.001)
+    parser.add_argument("--weight-decay", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda or cuda:N")
+    parser.add_argument("--out", default=None,
+                        help="output folder (default runs/classify-DATASET-"
+                        "MODEL)")
+    parser.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def command(args) -> int:
+    """Run ``hmgraph classify``; print the markdown table. Returns 0.
+
+    Raises
+    ------
+    ValueError
+        A bad value (the CLI prints it as one line).
+    """
+    if args.ratio is not None and not 0.0 < args.ratio <= 1.0:
+        raise ValueError(f"--ratio {args.ratio}: must be in (0, 1]")
+    if not math.isfinite(args.lr) or args.lr <= 0:
+        raise ValueError(f"--lr {args.lr}: must be a positive number")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: no CUDA device here; "
+                         f"use --device cpu")
+    config = ClassifyConfig(
+        dataset=args.dataset, root=args.root, model=args.model,
+        folds=args.folds, max_folds=args.max_folds, epochs=args.epochs,
+        patience=args.patience, batch_size=args.batch_size,
+        hidden=args.hidden, levels=args.levels, ratio=args.ratio,
+        dropout=args.dropout, lr=args.lr, weight_decay=args.weight_decay,
+        seed=args.seed, device=args.device,
+        out=args.out or f"runs/classify-{args.dataset}-{args.model}",
+        progress=not args.no_progress,
+    )
+    result = run(config)
+    print(format_markdown(result), end="")
+    print(f"results: {result['path']}")
+    return 0

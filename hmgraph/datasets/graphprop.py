@@ -1,0 +1,136 @@
+"""OGB graph-property datasets (``ogbg-mol*``) as `GraphDataset`.
+
+Loaded through ``ogb.graphproppred.DglGraphPropPredDataset`` from a local
+copy in OGB's layout (``ROOT/ogbg_molbace/raw/*.csv.gz``, ``split/``,
+``mapping/``); nothing is downloaded. Two details of ogb are handled here:
+
+- A copy without OGB's release marker (``RELEASE_v1.txt``) makes ogb ask on
+  stdin whether to delete it and download again; we answer "no" (see
+  `hmgraph.datasets._ogb_prompts`).
+- ogb writes ``processed/dgl_data_processed`` under the dataset folder. A
+  folder we cannot write (shared, read-only data) is first copied, once and
+  atomically, to ``$HMGRAPH_CACHE/ogbg/<folder>`` (default
+  ``~/.cache/hmgraph``), and ogb works on the copy.
+
+Only single-task binary classification datasets are supported (``ogbg-
+molhiv``, ``ogbg-molbace``, ``ogbg-molbbbp``): the classifier is trained
+with two classes and scored with OGB's ``Evaluator`` (ROC-AUC) on the
+probability of class 1. Atom features (9 categorical columns) become the
+concatenation of their one-hots (``ogb.utils.features.
+get_atom_feature_dims``, 174 columns).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from hmgraph.datasets import DatasetError, _ogb_prompts
+from hmgraph.datasets.tu import GraphDataset
+
+__all__ = ["OGB_GRAPH_DATASETS", "load_ogbg"]
+
+# Single-task binary classification in ogb 1.3.6's master.csv.
+OGB_GRAPH_DATASETS = ("ogbg-molhiv", "ogbg-molbace", "ogbg-molbbbp")
+
+
+def load_ogbg(name: str, root: str | os.PathLike) -> GraphDataset:
+    """Load an OGB graph-classification dataset from ``root``.
+
+    Parameters
+    ----------
+    name : str
+        One of `OGB_GRAPH_DATASETS`, e.g. ``"ogbg-molbace"``.
+    root : str or os.PathLike
+        Folder that holds ``ogbg_molbace/`` (OGB's folder name).
+
+    Returns
+    -------
+    GraphDataset
+        Features on the CPU, labels 0/1, ``metric`` from OGB (``rocauc``),
+        ``evaluator`` an ``ogb.graphproppred.Evaluator``, ``split`` the
+        official scaffold split.
+
+    Raises
+    ------
+    DatasetError
+        Unknown name, or no local copy under ``root``.
+    """
+    if name not in OGB_GRAPH_DATASETS:
+        raise DatasetError(
+            f"unknown OGB graph dataset {name!r}; supported: "
+            f"{', '.join(OGB_GRAPH_DATASETS)}"
+        )
+    folder = Path(root) / name.replace("-", "_")
+    if not (folder / "raw").is_dir():
+        raise DatasetError(
+            f"{name} not found: expected {folder}/raw/ (OGB's layout); "
+            f"fetch it where there is internet with ogb "
+            f"(DglGraphPropPredDataset({name!r}, root=...)) and copy "
+            f"{folder.name}/ into {root}"
+        )
+    folder = _writable_copy(folder)
+    return _from_ogb(name, folder)
+
+
+def _from_ogb(name: str, folder: Path) -> GraphDataset:
+    import dgl
+    import torch
+    from ogb.graphproppred import DglGraphPropPredDataset, Evaluator
+    from ogb.utils.features import get_atom_feature_dims
+
+    # ogb prints progress ("Saving...", tqdm bars); keep the CLI's clean.
+    quiet = io.StringIO()
+    with _ogb_prompts(answer="n"), contextlib.redirect_stdout(quiet), \
+            contextlib.redirect_stderr(quiet):
+        ds = DglGraphPropPredDataset(name, root=str(folder.parent))
+        split = ds.get_idx_split()
+    graph = dgl.batch(list(ds.graphs))
+    src, dst = graph.edges()
+    atoms = graph.ndata["feat"].numpy()
+    dims = get_atom_feature_dims()
+    offsets = np.concatenate([[0], np.cumsum(dims)[:-1]])
+    features = np.zeros((atoms.shape[0], int(sum(dims))), dtype=np.float32)
+    rows = np.repeat(np.arange(atoms.shape[0]), atoms.shape[1])
+    features[rows, (atoms + offsets).reshape(-1)] = 1.0
+    labels = ds.labels.reshape(-1).long()
+    return GraphDataset.from_edges(
+        name, src.numpy(), dst.numpy(), graph.batch_num_nodes().numpy(),
+        features, labels.numpy(), num_classes=2,
+        metric=ds.eval_metric, evaluator=Evaluator(name),
+        split={k: torch.as_tensor(v).long() for k, v in split.items()},
+        info={"folder": str(folder)},
+    )
+
+
+def _writable_copy(folder: Path) -> Path:
+    """``folder`` itself if we may write in it, else a cached copy."""
+    if os.access(folder, os.W_OK) and os.stat(folder).st_mode & stat.S_IWUSR:
+        return folder
+    cache = Path(os.environ.get("HMGRAPH_CACHE", "~/.cache/hmgraph"))
+    target = cache.expanduser() / "ogbg" / folder.name
+    if (target / "raw").is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent,
+                                    prefix=f".{folder.name}-"))
+    try:
+        shutil.copytree(folder, staging / folder.name,
+                        copy_function=shutil.copyfile)
+        for path in [staging / folder.name,
+                     *(staging / folder.name).rglob("*")]:
+            path.chmod(path.stat().st_mode | stat.S_IWUSR | stat.S_IRUSR)
+        os.replace(staging / folder.name, target)
+    except OSError:
+        if not (target / "raw").is_dir():  # not a concurrent copy's win
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

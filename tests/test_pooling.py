@@ -1,0 +1,291 @@
+"""HAP and the pooling baselines: levels, masks, invariance, gradients."""
+
+from __future__ import annotations
+
+import math
+
+import dgl
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hmgraph.models import pooling
+from hmgraph.models.pooling import (
+    HAP,
+    POOLING_MODELS,
+    GraphLevel,
+    build_pooling_model,
+    to_dense_batch,
+)
+
+MODEL_NAMES = sorted(POOLING_MODELS)
+# Nodes per graph of the test batch: a single node, an edge, small and
+# larger graphs (larger than HAP's first cap of super-nodes / ratio).
+SIZES = [1, 2, 5, 9, 17, 140]
+IN_FEATS, HIDDEN, CLASSES = 6, 16, 3
+
+
+def random_graph(num_nodes, seed, edge_factor=2):
+    """A seeded undirected random graph (both directions, no self-loops)."""
+    gen = torch.Generator().manual_seed(seed)
+    count = edge_factor * num_nodes
+    src = torch.randint(0, num_nodes, (count,), generator=gen)
+    dst = torch.randint(0, num_nodes, (count,), generator=gen)
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    graph = dgl.graph((torch.cat([src, dst]), torch.cat([dst, src])),
+                      num_nodes=num_nodes)
+    return dgl.to_simple(graph)
+
+
+def make_batch(sizes=SIZES, seed=0):
+    """``dgl.batch`` of random graphs and seeded features."""
+    graphs = [random_graph(n, seed + i) for i, n in enumerate(sizes)]
+    gen = torch.Generator().manual_seed(seed)
+    features = torch.randn(sum(sizes), IN_FEATS, generator=gen)
+    return dgl.batch(graphs), features
+
+
+def make_model(name, seed=0):
+    torch.manual_seed(seed)
+    return build_pooling_model(name, IN_FEATS, HIDDEN, CLASSES,
+                               max_nodes=max(SIZES))
+
+
+def record_levels(monkeypatch):
+    """Record every level the models build (coarsening and top-k)."""
+    levels = []
+    coarsen, select = pooling._coarsen, pooling._select_top
+
+    def coarsen_and_record(*args):
+        levels.append(coarsen(*args))
+        return levels[-1]
+
+    def select_and_record(*args):
+        kept, level = select(*args)
+        levels.append(level)
+        return kept, level
+
+    monkeypatch.setattr(pooling, "_coarsen", coarsen_and_record)
+    monkeypatch.setattr(pooling, "_select_top", select_and_record)
+    return levels
+
+
+def expected_sizes(name, model, sizes):
+    """Nodes per graph at each pooled level, by the model's rule."""
+    out, sizes = [], torch.tensor(sizes)
+    for level in range(model.num_levels - (name in ("diffpool", "hap"))):
+        if name in ("topk", "sagpool"):
+            sizes = torch.ceil(model.ratio * sizes.double()).long()
+        elif name == "hap":
+            sizes = model.moas[level].cluster_counts(sizes)
+        else:  # diffpool: every graph has every cluster
+            sizes = torch.full_like(sizes, model.cluster_counts[level])
+        out.append(sizes)
+    return out
+
+
+@pytest.mark.parametrize("name", [n for n in MODEL_NAMES
+                                  if not n.startswith("gin")])
+def test_shapes_and_masks_through_every_level(name, monkeypatch):
+    levels = record_levels(monkeypatch)
+    model = make_model(name).eval()
+    graph, features = make_batch()
+    logits = model(graph, features)
+    assert logits.shape == (len(SIZES), CLASSES)
+    assert torch.isfinite(logits).all()
+    want = expected_sizes(name, model, SIZES)
+    assert len(levels) == len(want) >= 2
+    for level, sizes in zip(levels, want, strict=True):
+        assert torch.equal(level.sizes, sizes)
+        assert level.mask.shape == (len(SIZES), int(sizes.max()))
+        assert torch.equal(level.mask.sum(1), sizes)
+        if name != "diffpool":  # DiffPool: same cluster count for all
+            assert sizes[0] == 1  # the single-node graph keeps one node
+        if level.dense:
+            k = level.mask.shape[1]
+            assert level.adj.shape == (len(SIZES), k, k)
+            outside = ~(level.mask.unsqueeze(1) & level.mask.unsqueeze(2))
+            assert (level.adj[outside] == 0).all()
+            torch.testing.assert_close(level.adj, level.adj.transpose(1, 2))
+        else:
+            assert level.batch.numel() == int(sizes.sum())
+            assert torch.equal(level.batch[level.src], level.batch[level.dst])
+
+
+def test_hap_super_node_counts_follow_graph_size():
+    model = HAP(IN_FEATS, HIDDEN, CLASSES, max_clusters=8)
+    counts = model.moas[0].cluster_counts(torch.tensor(SIZES))
+    assert counts.tolist() == [1, 1, 2, 3, 5, 8]  # ceil(n / 4), at most 8
+    counts = model.moas[1].cluster_counts(counts)
+    assert counts.tolist() == [1, 1, 1, 1, 2, 2]  # cap ceil(8 / 4) = 2
+
+
+def test_hap_coarse_rows_are_masked_weighted_means(monkeypatch):
+    rows_seen = []
+    model = make_model("hap").eval()
+    model.moas[0].register_forward_hook(
+        lambda module, args, out: rows_seen.append(out))
+    graph, features = make_batch()
+    model(graph, features)
+    coarse, rows, stability = rows_seen[0]
+    assert rows.shape == (len(SIZES), coarse.mask.shape[1], HIDDEN)
+    assert (rows[~coarse.mask] == 0).all()
+    assert 0 <= float(stability) <= 2
+    # Memberships of each node sum to 1: the coarse edge weight equals the
+    # fine one (each undirected edge counted in both directions).
+    edges_per_graph = graph.batch_num_edges().float()
+    torch.testing.assert_close(coarse.adj.sum((1, 2)), edges_per_graph)
+
+
+def relabel(graph, seed=7):
+    """The batch with the nodes of every graph relabelled, and the perm.
+
+    Node ``i`` of the result is node ``perm[i]`` of ``graph``; the edge
+    order is shuffled too.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    sizes = graph.batch_num_nodes()
+    starts = sizes.cumsum(0) - sizes
+    perm = torch.cat([start + torch.randperm(int(n), generator=gen)
+                      for start, n in zip(starts, sizes, strict=True)])
+    new_id = torch.empty_like(perm)
+    new_id[perm] = torch.arange(perm.numel())
+    src, dst = graph.edges()
+    shuffle = torch.randperm(src.numel(), generator=gen)
+    relabelled = dgl.graph((new_id[src][shuffle], new_id[dst][shuffle]),
+                           num_nodes=graph.num_nodes())
+    relabelled.set_batch_num_nodes(sizes)
+    relabelled.set_batch_num_edges(graph.batch_num_edges())
+    return relabelled, perm
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_embedding_is_permutation_invariant(name):
+    """Exact in float64; in float32 up to rounding (sums of ~100s)."""
+    model = make_model(name).eval()
+    graph, features = make_batch()
+    relabelled, perm = relabel(graph)
+    with torch.no_grad():
+        logits = model(graph, features)
+        torch.testing.assert_close(model(relabelled, features[perm]),
+                                   logits, atol=1e-5, rtol=1e-5)
+        model.double()
+        features = features.double()
+        before = model.embed(graph, features)
+        after = model.embed(relabelled, features[perm])
+    assert (after - before).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_embedding_does_not_depend_on_the_batch(name):
+    model = make_model(name).eval()
+    graph, features = make_batch()
+    with torch.no_grad():
+        together = model.embed(graph, features)
+        rows = torch.split(features, SIZES)
+        alone = [model.embed(g, x) for g, x in
+                 zip(dgl.unbatch(graph), rows, strict=True)]
+    torch.testing.assert_close(together, torch.cat(alone), atol=1e-5,
+                               rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_gradients_reach_every_parameter(name):
+    model = make_model(name).train()
+    graph, features = make_batch()
+    labels = torch.arange(len(SIZES)) % CLASSES
+    loss = F.cross_entropy(model(graph, features), labels) \
+        + model.auxiliary_loss
+    loss.backward()
+    for param_name, param in model.named_parameters():
+        assert param.grad is not None, param_name
+        assert torch.isfinite(param.grad).all(), param_name
+        assert param.grad.abs().sum() > 0, param_name
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_auxiliary_loss(name):
+    model = make_model(name)
+    model(*make_batch())
+    aux = model.auxiliary_loss
+    assert aux.dim() == 0 and torch.isfinite(aux)
+    if name in ("diffpool", "hap"):
+        assert aux.requires_grad and float(aux) > 0
+    else:
+        assert float(aux) == 0.0
+
+
+def test_sparse_and_dense_levels_agree():
+    graph, features = make_batch([1, 4, 7])
+    sparse = GraphLevel.from_graph(graph, "cpu")
+    adj = torch.zeros(3, 7, 7)
+    src, dst = graph.edges()
+    starts = sparse.sizes.cumsum(0) - sparse.sizes
+    pos = torch.arange(graph.num_nodes()) - starts[sparse.batch]
+    adj[sparse.batch[dst], pos[dst], pos[src]] = 1.0
+    dense = GraphLevel(sparse.sizes, sparse.mask, adj=adj)
+    x = features
+    for op in ("aggregate", "propagate"):
+        torch.testing.assert_close(
+            sparse.to_dense(getattr(sparse, op)(x)),
+            getattr(dense, op)(sparse.to_dense(x)))
+    torch.testing.assert_close(sparse.to_dense(sparse.aggregate(x, True)),
+                               dense.aggregate(sparse.to_dense(x), True))
+    torch.testing.assert_close(sparse.readout(x),
+                               dense.readout(sparse.to_dense(x)))
+
+
+def test_to_dense_batch():
+    x = torch.arange(6.0).unsqueeze(-1)
+    dense, mask = to_dense_batch(x, torch.tensor([1, 3, 2]))
+    assert dense.shape == (3, 3, 1)
+    assert mask.tolist() == [[True, False, False], [True, True, True],
+                             [True, True, False]]
+    assert dense[..., 0].tolist() == [[0, 0, 0], [1, 2, 3], [4, 5, 0]]
+
+
+def test_build_errors_name_the_problem():
+    with pytest.raises(ValueError, match="available: diffpool, gin"):
+        build_pooling_model("gpool", 4, 8, 2)
+    with pytest.raises(ValueError, match="max_nodes"):
+        build_pooling_model("diffpool", 4, 8, 2)
+    with pytest.raises(ValueError, match="ratio"):
+        build_pooling_model("topk", 4, 8, 2, ratio=1.5)
+    model = make_model("hap")
+    with pytest.raises(ValueError, match="in_feats=6"):
+        model(*make_batch()[:1], torch.zeros(sum(SIZES), 5))
+
+
+def test_single_node_graph_alone():
+    graph, features = make_batch([1])
+    for name in MODEL_NAMES:
+        logits = make_model(name).eval()(graph, features)
+        assert logits.shape == (1, CLASSES) and torch.isfinite(logits).all()
+
+
+def test_diffpool_cluster_counts():
+    model = build_pooling_model("diffpool", 4, 8, 2, max_nodes=620)
+    assert model.cluster_counts == [64, 16]  # ceil(620 / 4) capped, / 4
+    model = build_pooling_model("diffpool", 4, 8, 2, max_nodes=28)
+    assert model.cluster_counts == [7, 2]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_cuda_matches_cpu(name):
+    model = make_model(name).eval()
+    graph, features = make_batch()
+    with torch.no_grad():
+        cpu = model(graph, features)
+        gpu = model.to("cuda")(graph, features.to("cuda"))
+    assert gpu.device.type == "cuda"
+    torch.testing.assert_close(gpu.cpu(), cpu, atol=1e-4, rtol=1e-4)
+
+
+def test_ratio_defaults():
+    assert make_model("hap").ratio == 0.25
+    assert make_model("diffpool").ratio == 0.25
+    assert make_model("sagpool").ratio == make_model("topk").ratio == 0.5
+    assert math.isclose(build_pooling_model("hap", 4, 8, 2,
+                                            ratio=0.5).ratio, 0.5)

@@ -1,0 +1,251 @@
+"""TU and OGB graph datasets, folds and the classify harness."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+
+import dgl
+import pytest
+import torch
+
+from hmgraph.classify import (
+    ClassifyConfig,
+    add_parser,
+    command,
+    load_graph_dataset,
+    make_folds,
+    run,
+)
+from hmgraph.datasets import DatasetError
+from hmgraph.datasets.tu import GraphDataset, TUFormatError, read_tu
+
+TU_NAMES = ["MUTAG", "PROTEINS", "NCI1", "ENZYMES", "PTC_MR", "IMDB-BINARY"]
+
+
+def readme_counts(folder):
+    """The counts a dataset folder's README.md states."""
+    text = (folder / "README.md").read_text()
+
+    def number(pattern):
+        match = re.search(pattern, text)
+        return int(match.group(1).replace(",", "")) if match else None
+
+    sizes = re.search(r"nodes per graph min/mean/max: \[(\d+), [\d.]+, "
+                      r"(\d+)\]", text)
+    labels = re.search(r"graph label counts: (\{[^}]*\})", text)
+    attributes = re.search(r"node_attributes.txt: one row per node, (\d+) "
+                           r"float column", text)
+    return {
+        "graphs": number(r"- graphs: ([\d,]+)"),
+        "nodes": number(r"- nodes: ([\d,]+)"),
+        "edge_lines": number(r"A.txt lines \(directed edges\): ([\d,]+)"),
+        "undirected": number(r"unique undirected edges: ([\d,]+)"),
+        "min_nodes": int(sizes.group(1)),
+        "max_nodes": int(sizes.group(2)),
+        "label_counts": {int(k): v for k, v in
+                         ast.literal_eval(labels.group(1)).items()},
+        "attributes": int(attributes.group(1)) if attributes else 0,
+    }
+
+
+@pytest.mark.parametrize("name", TU_NAMES)
+def test_counts_equal_the_readme(shared_data, name):
+    folder = shared_data / name
+    if not folder.is_dir():
+        pytest.skip(f"{name} not in {shared_data}")
+    want = readme_counts(folder)
+    data = read_tu(folder)
+    assert data.num_graphs == want["graphs"]
+    assert int(data.node_ptr[-1]) == want["nodes"]
+    assert data.info["edge_lines"] == want["edge_lines"]
+    assert data.src.numel() == 2 * want["undirected"]
+    assert int(data.num_nodes.min()) == want["min_nodes"]
+    assert data.max_nodes == want["max_nodes"]
+    assert data.info["node_attributes"] == want["attributes"]
+    # Labels remapped to 0..C-1 in the sorted order of the originals.
+    values = sorted(want["label_counts"])
+    assert data.info["label_values"] == values
+    assert data.num_classes == len(values)
+    assert torch.bincount(data.labels).tolist() == [
+        want["label_counts"][v] for v in values]
+
+
+def test_mutag_features_and_graphs(shared_data):
+    data = read_tu(shared_data / "MUTAG")
+    assert data.feat_dim == 7  # node labels 0..6, one-hot
+    assert torch.equal(data.features.sum(1), torch.ones(3371))
+    graph = data.graph(0)
+    assert graph.num_nodes() == 17
+    src, dst = graph.edges()
+    assert set(zip(src.tolist(), dst.tolist(), strict=True)) == set(
+        zip(dst.tolist(), src.tolist(), strict=True))
+
+
+def test_attributes_are_standardised(shared_data):
+    data = read_tu(shared_data / "ENZYMES")
+    assert data.feat_dim == 3 + 18
+    attributes = data.features[:, 3:].double()
+    torch.testing.assert_close(attributes.mean(0),
+                               torch.zeros(18, dtype=torch.float64),
+                               atol=1e-5, rtol=0)
+
+
+def test_batch_equals_dgl_batch(shared_data):
+    data = read_tu(shared_data / "MUTAG")
+    ids = torch.tensor([5, 3, 100, 7, 187])
+    graph, features, labels = data.batch(ids)
+    want = dgl.batch([data.graph(i) for i in ids.tolist()])
+    assert torch.equal(torch.stack(graph.edges()), torch.stack(want.edges()))
+    assert torch.equal(graph.batch_num_nodes(), want.batch_num_nodes())
+    assert torch.equal(graph.batch_num_edges(), want.batch_num_edges())
+    assert torch.equal(features, want.ndata["feat"])
+    assert torch.equal(labels, data.labels[ids])
+
+
+# --- malformed files -------------------------------------------------------
+
+GOOD = {  # two graphs: nodes 1-3 (a path) and 4-5 (an edge)
+    "A": "1, 2\n2, 1\n2, 3\n3, 2\n4, 5\n5, 4\n",
+    "graph_indicator": "1\n1\n1\n2\n2\n",
+    "graph_labels": "-1\n1\n",
+    "node_labels": "0\n1\n0\n2\n0\n",
+}
+
+
+def write_tu(folder, name="TOY", **changes):
+    folder.mkdir(parents=True, exist_ok=True)
+    for kind, text in {**GOOD, **changes}.items():
+        if text is not None:
+            (folder / f"{name}_{kind}.txt").write_text(text)
+    return folder
+
+
+def test_good_toy_dataset(tmp_path):
+    data = read_tu(write_tu(tmp_path / "TOY"))
+    assert data.num_graphs == 2 and data.num_classes == 2
+    assert data.labels.tolist() == [0, 1]
+    assert data.num_nodes.tolist() == [3, 2]
+    assert data.num_edges.tolist() == [4, 2]
+    assert data.feat_dim == 3
+
+
+# case -> (file changes, file named, line, words in the message)
+MALFORMED = {
+    "id-out-of-range": ({"A": "1, 2\n2, 1\n2, 9\n"}, "A", 3, "out of range"),
+    "id-zero": ({"A": "0, 1\n"}, "A", 1, "out of range"),
+    "edge-joins-graphs": ({"A": "1, 2\n3, 4\n"}, "A", 2, "joins graph 1"),
+    "not-a-number": ({"A": "1, 2\n2, x\n"}, "A", 2, "'x' is not an integer"),
+    "wrong-columns": ({"A": "1, 2\n2\n"}, "A", 2, "expected 2"),
+    "blank-line": ({"A": "1, 2\n\n2, 1\n"}, "A", 2, "blank line"),
+    "indicator-not-sorted": ({"graph_indicator": "1\n2\n1\n2\n2\n"},
+                             "graph_indicator", 3, "not sorted"),
+    "indicator-skips": ({"graph_indicator": "1\n1\n1\n3\n3\n"},
+                        "graph_indicator", 4, "skips a graph id"),
+    "indicator-starts-late": ({"graph_indicator": "2\n2\n2\n3\n3\n"},
+                              "graph_indicator", 1, "expected 1"),
+    "missing-labels": ({"graph_labels": None}, "graph_labels", None,
+                       "missing"),
+    "missing-edges": ({"A": None}, "A", None, "missing"),
+    "too-few-labels": ({"graph_labels": "1\n"}, "graph_labels", 2,
+                       "1 labels, but"),
+    "too-few-node-labels": ({"node_labels": "0\n1\n"}, "node_labels", 3,
+                            "2 rows"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED), ids=list(MALFORMED))
+def test_malformed_file_names_file_and_line(tmp_path, case):
+    changes, kind, line, words = MALFORMED[case]
+    folder = write_tu(tmp_path / "TOY", **changes)
+    with pytest.raises(TUFormatError) as error:
+        read_tu(folder)
+    message = str(error.value)
+    assert "\n" not in message
+    where = str(folder / f"TOY_{kind}.txt")
+    assert message.startswith(where + (f":{line}:" if line else ":"))
+    assert words in message
+
+
+def test_cli_reports_malformed_file_as_value_error(tmp_path):
+    write_tu(tmp_path / "TOY", A="1, 2\n2, 7\n")
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["classify", "--dataset", "TOY", "--root",
+                              str(tmp_path), "--no-progress"])
+    with pytest.raises(ValueError, match=r"TOY_A.txt:2: node id out of"):
+        command(args)
+    args = parser.parse_args(["classify", "--dataset", "NOPE", "--root",
+                              str(tmp_path)])
+    with pytest.raises(DatasetError, match="TU folders there: TOY"):
+        command(args)
+
+
+# --- folds and the harness -------------------------------------------------
+
+def test_folds_are_stratified_and_disjoint():
+    labels = torch.tensor([0] * 60 + [1] * 30 + [2] * 10)
+    folds = make_folds(labels, 10, seed=0)
+    tests = torch.cat([f["test"] for f in folds])
+    assert torch.equal(tests.sort().values, torch.arange(100))
+    for fold in folds:
+        parts = [fold["train"], fold["valid"], fold["test"]]
+        assert torch.cat(parts).unique().numel() == 100
+        assert fold["valid"].numel() == fold["test"].numel() == 10
+        assert torch.bincount(labels[fold["test"]]).tolist() == [6, 3, 1]
+        assert torch.bincount(labels[fold["valid"]], minlength=3)[0] == 6
+    assert [f["test"].tolist() for f in folds] == [
+        f["test"].tolist() for f in make_folds(labels, 10, seed=0)]
+    with pytest.raises(ValueError, match="folds"):
+        make_folds(labels, 1, seed=0)
+
+
+def test_classify_run_on_mutag(shared_data, tmp_path):
+    config = ClassifyConfig(dataset="MUTAG", root=str(shared_data),
+                            model="hap", folds=10, max_folds=1, epochs=2,
+                            patience=1, batch_size=64, hidden=16,
+                            out=str(tmp_path), progress=False)
+    result = run(config)
+    assert result["summary"]["folds_run"] == 1
+    fold = result["folds"][0]
+    assert fold["sizes"] == {"train": 150, "valid": 19, "test": 19}
+    assert 0.0 <= fold["test"] <= 1.0 and fold["best_epoch"] in (0, 1)
+    assert "first 1 of 10 folds" in result["protocol"]
+    saved = json.loads((tmp_path / "result.json").read_text())
+    assert saved["summary"] == result["summary"]
+    assert "| **mean ± std** |" in (tmp_path / "result.md").read_text()
+
+
+def test_ogb_molbace_from_read_only_copy(shared_data, tmp_path):
+    folder = shared_data / "ogbg_molbace"
+    if not folder.is_dir():
+        pytest.skip(f"ogbg_molbace not in {shared_data}")
+    before = sorted(p.name for p in folder.rglob("*"))
+    data = load_graph_dataset("ogbg-molbace", shared_data)
+    assert isinstance(data, GraphDataset)
+    assert data.num_graphs == 1513 and int(data.node_ptr[-1]) == 51577
+    assert data.src.numel() == 2 * 55768
+    assert torch.bincount(data.labels).tolist() == [822, 691]
+    assert {k: v.numel() for k, v in data.split.items()} == {
+        "train": 1210, "valid": 151, "test": 152}
+    assert data.metric == "rocauc" and data.feat_dim == 174
+    assert sorted(p.name for p in folder.rglob("*")) == before
+    result = run(ClassifyConfig(dataset="ogbg-molbace", model="gin",
+                                folds=1, epochs=1, hidden=8,
+                                out=str(tmp_path), progress=False), data)
+    assert 0.0 <= result["summary"]["test_mean"] <= 1.0
+    assert "official split" in result["protocol"]
+
+
+def test_unknown_ogb_layout_is_reported(tmp_path):
+    with pytest.raises(DatasetError, match="ogbg-molhiv not found"):
+        load_graph_dataset("ogbg-molhiv", tmp_path)
+
+
+def test_degree_features_without_labels(tmp_path):
+    folder = write_tu(tmp_path / "TOY", node_labels=None)
+    data = read_tu(folder)
+    assert data.info["degree_one_hot"] == 3  # degrees 0..2
+    assert data.features.argmax(1).tolist() == [1, 2, 1, 1, 1]

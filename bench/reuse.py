@@ -493,7 +493,7 @@ def run_config(dataset, seeds, args, order: str, config: str, reuse: str,
         loader.stats.reset()
         model.train()
         train_seconds = loss_sum = 0.0
-        batches = 0
+        batches = peak_held = 0
         bar = tqdm(total=len(loader), desc=label, unit="batch",
                    mininterval=5.0, file=sys.stderr)
         start = time.perf_counter()
@@ -503,13 +503,13 @@ def run_config(dataset, seeds, args, order: str, config: str, reuse: str,
                                    batch.y)
             train_seconds += time.perf_counter() - t0
             batches += 1
+            if reuse != "none":  # buffers now (the fetch thread is ahead)
+                peak_held = max(peak_held, loader.feature.nbytes)
             bar.update(1)
         epoch_seconds = time.perf_counter() - start
         bar.close()
         stats = loader.stats.as_dict()
         plan = loader.plan.as_dict()
-        held = getattr(loader.feature, "nbytes", 0) if reuse != "none" \
-            else 0
     finally:
         loader.close()
     del loader, model, optimizer
@@ -529,7 +529,7 @@ def run_config(dataset, seeds, args, order: str, config: str, reuse: str,
         "batches": batches,
         "device_budget_bytes": device_budget,
         "device_bytes_used": plan["reuse_bytes"] + plan["device_bytes"],
-        "reuse_bytes_held_at_end": held,
+        "reuse_bytes_peak": peak_held,
         "reuse_capped_by_budget": capped,
         "unique_rows_requested": reuse_stats["rows_requested"]
         if reuse_stats else cache_stats["rows_requested"],
@@ -659,6 +659,19 @@ def targets_section(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def buffers_section(records: list[dict]) -> str:
+    """How much of its reservation each reuse run's buffers held."""
+    parts = [f"{r['order']} {r['config']} "
+             f"{r['reuse_bytes_peak'] / 1e6:.1f} of "
+             f"{r['plan']['reuse_bytes'] / 1e6:.1f} MB"
+             for r in records if r["reuse"] != "none"]
+    if not parts:
+        return ""
+    return ("Reuse buffers, most held after a batch (sampled in the "
+            "training loop) of the device memory the plan reserved: "
+            + "; ".join(parts) + ".\n\n")
+
+
 def metis_section(metis: dict | None) -> str:
     """One paragraph on the METIS step."""
     if metis is None:
@@ -718,6 +731,7 @@ def markdown_report(result: dict) -> str:
     )
     table = markdown_table(result["records"])
     return (f"# Batch reuse\n\n{setup}\n\n{table}\n{notes}\n\n"
+            f"{buffers_section(result['records'])}"
             f"{metis_section(result['metis'])}\n## Targets\n\n"
             f"{targets_section(result['targets'])}")
 

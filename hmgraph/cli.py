@@ -167,12 +167,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "cache policy at several budgets against Belady's optimum, and "
         "write JSON, PNG plots and a markdown summary.",
     )
-    analyze.add_argument("--dataset", default="synth-small",
-                         help=f"one of: {', '.join(known_datasets())}")
-    analyze.add_argument("--root", default="data")
-    analyze.add_argument("--fanouts", type=parse_fanouts,
-                         default=[15, 10, 5])
-    analyze.add_argument("--batch-size", type=_positive_int, default=1024)
+    _add_workload_arguments(analyze)
     analyze.add_argument("--batches", type=_non_negative_int, default=0,
                          help="batches to trace (default: one epoch)")
     analyze.add_argument("--budgets", type=_budget_shares,
@@ -196,11 +191,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "and memmap with a cold page cache) and with hmgraph's loader "
         "under each cache policy, reuse and cluster sampling; one table.",
     )
-    bench.add_argument("--dataset", default="synth-small",
-                       help=f"one of: {', '.join(known_datasets())}")
-    bench.add_argument("--root", default="data")
-    bench.add_argument("--fanouts", type=parse_fanouts, default=[15, 10, 5])
-    bench.add_argument("--batch-size", type=_positive_int, default=1024)
+    _add_workload_arguments(bench)
     bench.add_argument("--epochs", type=_positive_int, default=1)
     bench.add_argument("--hidden", type=_positive_int, default=256)
     bench.add_argument("--lr", type=float, default=0.003)
@@ -214,6 +205,20 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="smoke-test sizes: fanouts 5,5, batch 256, "
                        "hidden 32, one epoch")
     return parser
+
+
+def _add_workload_arguments(parser) -> None:
+    """Dataset, root, fanouts and batch size, as ``train`` takes them."""
+    from hmgraph.datasets import known_datasets
+
+    parser.add_argument("--dataset", default="synth-small",
+                        help=f"one of: {', '.join(known_datasets())}")
+    parser.add_argument("--root", default="data",
+                        help="folder holding datasets (default: data)")
+    parser.add_argument("--fanouts", type=parse_fanouts,
+                        default=[15, 10, 5],
+                        help="neighbours per layer, e.g. 15,10,5")
+    parser.add_argument("--batch-size", type=_positive_int, default=1024)
 
 
 def _bench_command(args) -> int:

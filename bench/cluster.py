@@ -1004,14 +1004,19 @@ def markdown_report(result: dict) -> str:
         ]
     text += ["## Targets\n", targets_section(result["targets"])]
     notes = list(result["notes"])
+    if result.get("wall_seconds"):
+        notes.append(f"Wall time of this invocation: "
+                     f"{result['wall_seconds'] / 60:.0f} min.")
     if result["contention"]:
-        seen = sorted({p for c in result["contention"]
-                       for p in c["processes"]})
+        scripts = sorted({w for c in result["contention"]
+                          for p in c["processes"] for w in p.split()
+                          if w.endswith(".py") and "bench/" in w})
+        when = ", ".join(c["when"] for c in result["contention"])
         notes.append(
-            "Other benchmarks ran at the same time ("
-            + "; ".join(f"`{p}`" for p in seen)
-            + f"; seen at {', '.join(c['when'] for c in result['contention'])}"
-            "): times are noisier than on an idle machine.")
+            f"Other benchmarks ran at the same time "
+            f"({', '.join(f'`{s}`' for s in scripts)}; seen at {when}; "
+            f"command lines in the JSON): times are noisier than on an "
+            f"idle machine.")
     if notes:
         text += ["## Notes\n", "\n".join(f"- {n}" for n in notes) + "\n"]
     return "\n".join(text)
@@ -1027,6 +1032,7 @@ def write_results(result: dict, out: Path) -> Path:
     """
     result["targets"] = targets(result)
     result["peak_rss_mb"] = peak_rss_mb()
+    result["wall_seconds"] = time.time() - result["started_unix"]
     with atomic_path(out) as tmp:
         tmp.write_text(json.dumps(result, indent=1) + "\n")
     md = out.with_suffix(".md")
@@ -1067,7 +1073,7 @@ def new_result(args) -> dict:
         },
         "metis": None, "sampling": [], "hit_rates": [], "storage": [],
         "renumber": None, "accuracy": [], "targets": [], "notes": [],
-        "contention": [],
+        "contention": [], "started_unix": time.time(), "wall_seconds": 0.0,
     }
 
 

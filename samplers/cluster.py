@@ -126,8 +126,10 @@ class ClusterSampler(NeighborSampler):
             inside = clusters[src] == clusters[dst]
             weight = torch.full((graph.num_edges(),), 1.0 - locality)
             weight[inside] = 1.0
-            graph.edata[_WEIGHT_KEY] = weight
-            prob = _WEIGHT_KEY
+            # One key per sampler: two samplers on one graph keep their own
+            # weights.
+            prob = f"{_WEIGHT_KEY}_{id(self)}"
+            graph.edata[prob] = weight
         super().__init__(fanouts, prob=prob, **kwargs)
         self.clusters = clusters
         self.locality = locality

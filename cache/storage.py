@@ -24,7 +24,10 @@ One read request goes through five steps, all vectorised over the ids:
 Coalescing matters more than parallelism on the disks this runs on: they
 serve about 8-15 thousand random 4 KiB ``O_DIRECT`` reads per second, but
 0.5-0.9 GB/s in 1 MiB reads, so a run of 256 pages costs little more than
-one page. The threads keep a few requests queued on the device.
+one page. The threads keep a few requests queued on the device. Longer
+runs still help when a request covers most of the file (as the input rows
+of a large mini-batch do): one 0.96 GB gather of 531 thousand random rows
+took 1.11 s in 1 MiB runs and 0.85 s in 4 MiB runs, with 4 threads.
 
 Where the filesystem refuses ``O_DIRECT`` the tier falls back to buffered
 reads and warns once.
@@ -120,7 +123,7 @@ class StorageFeature(Feature):
         the filesystem refuses it, reads are buffered and a
         ``RuntimeWarning`` naming the file is emitted once.
     max_run_bytes : int
-        Largest single read, in bytes; default 1 MiB. Rounded down to whole
+        Largest single read, in bytes; default 4 MiB. Rounded down to whole
         4096-byte pages; must be at least one page.
     chunk_bytes : int
         Target size of one task's buffer, in bytes; default 16 MiB. Must be
@@ -159,7 +162,7 @@ class StorageFeature(Feature):
         path: str | os.PathLike,
         num_threads: int = 4,
         direct: bool = True,
-        max_run_bytes: int = 1 << 20,
+        max_run_bytes: int = 4 << 20,
         chunk_bytes: int = 16 << 20,
         max_gap_bytes: int = 32 << 10,
     ):

@@ -1,0 +1,252 @@
+"""Write an `Assignment` in DGL's distributed partition format.
+
+`dgl.distributed.partition_graph` computes its own assignment (random or
+METIS) and takes no other. `write_partitions` takes any assignment and
+writes what ``partition_graph`` writes for a homogeneous graph, through
+DGL's own `dgl.partition.partition_graph_with_halo` (reshuffled ids, halo
+vertices within ``num_hops``) and `dgl.data.utils.save_graphs` /
+``save_tensors``::
+
+    OUT/NAME.json             DGL's partition config (node_map, edge_map,
+                              one entry per part)
+    OUT/partP/graph.dgl       the part's graph: inner + halo vertices, with
+                              ``_ID``, ``inner_node``, ``part_id`` and
+                              ``inner_edge``
+    OUT/partP/node_feat.dgl   ``_N/<name>`` rows of the vertices it owns
+    OUT/partP/edge_feat.dgl   (empty)
+
+so `dgl.distributed.load_partition` and `DistGraphServer` load it
+unchanged. hmgraph adds, beside DGL's files::
+
+    OUT/hmgraph-partition.json  method, settings, statistics
+    OUT/orig_nids.npy           reshuffled id -> original id
+    OUT/partP/local_ids.npy     sorted reshuffled ids whose features the
+                                part stores: owned + replicated
+    OUT/partP/feat.bin          those rows, an hmgraph feature file (read
+                                with O_DIRECT by the trainer's cache)
+
+Everything is written into a temporary folder next to ``OUT`` and renamed
+into place, so an interrupted run leaves no partition a trainer trusts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hmgraph.cache.format import atomic_path, write_feature_file
+
+__all__ = [
+    "CONFIG_NAME",
+    "read_partition_info",
+    "update_partition_info",
+    "write_partitions",
+]
+
+CONFIG_NAME = "hmgraph-partition.json"
+
+
+def _rows(features, ids: np.ndarray) -> np.ndarray:
+    """Rows ``ids`` (sorted) of a tensor, array or feature-file memmap."""
+    if isinstance(features, torch.Tensor):
+        return features[torch.from_numpy(ids)].numpy()
+    return np.asarray(features[ids])
+
+
+def write_partitions(graph, assignment, out_dir: str | os.PathLike,
+                     graph_name: str, features, node_data: dict,
+                     num_hops: int = 1, stats: dict | None = None,
+                     progress=None) -> Path:
+    """Write ``assignment`` of ``graph`` as DGL partitions under ``out_dir``.
+
+    Parameters
+    ----------
+    graph : dgl.DGLGraph
+        Homogeneous graph; its own ndata/edata are not written.
+    assignment : hmgraph.partition.Assignment
+        Owner part of every vertex and per-part replicas.
+    out_dir : str or os.PathLike
+        Destination folder; replaced as a whole once the new one is
+        complete.
+    graph_name : str
+        DGL's graph name (the config is ``out_dir/graph_name.json``).
+    features : torch.Tensor or numpy.ndarray
+        (num_nodes, ...) node features by original id (a memmap of the
+        feature file is read row range by row range).
+    node_data : dict of str to torch.Tensor
+        Other per-node tensors (labels, masks), written per part.
+    num_hops : int
+        Halo hops stored with each part's graph (DGL's ``num_hops``).
+    stats : dict, optional
+        Statistics to record in ``hmgraph-partition.json``.
+    progress : callable, optional
+        Wraps the per-part loop (e.g. ``tqdm``).
+
+    Returns
+    -------
+    pathlib.Path
+        The config file, ``out_dir/graph_name.json``.
+    """
+    import dgl
+    from dgl.data.utils import save_tensors
+    from dgl.partition import partition_graph_with_halo
+
+    num_nodes = graph.num_nodes()
+    num_parts = assignment.num_parts
+    if assignment.num_nodes != num_nodes:
+        raise ValueError(
+            f"assignment covers {assignment.num_nodes} nodes, the graph has "
+            f"{num_nodes}"
+        )
+    if len(features) != num_nodes:
+        raise ValueError(
+            f"features have {len(features)} rows, the graph has {num_nodes} "
+            "nodes"
+        )
+    for name, data in node_data.items():
+        if len(data) != num_nodes:
+            raise ValueError(
+                f"node data {name!r} has {len(data)} rows, the graph has "
+                f"{num_nodes} nodes"
+            )
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-",
+                                 dir=out_dir.parent))
+    try:
+        structure = dgl.graph(graph.edges(), num_nodes=num_nodes)
+        parts, orig_nids, _ = partition_graph_with_halo(
+            structure, assignment.parts, num_hops, reshuffle=True)
+        orig_nids = orig_nids.long()
+        new_of_orig = torch.empty_like(orig_nids)
+        new_of_orig[orig_nids] = torch.arange(num_nodes)
+        node_map, edge_map, inner_edges = [], [], 0
+        metadata = {
+            "graph_name": graph_name,
+            "num_nodes": num_nodes,
+            "num_edges": graph.num_edges(),
+            "part_method": assignment.method,
+            "num_parts": num_parts,
+            "halo_hops": num_hops,
+            "node_map": {"_N": node_map},
+            "edge_map": {"_N:_E:_N": edge_map},
+            "ntypes": {"_N": 0},
+            "etypes": {"_N:_E:_N": 0},
+        }
+        loop = range(num_parts)
+        if progress is not None:
+            loop = progress(loop)
+        for index in loop:
+            part = parts[index]
+            inner = part.ndata["inner_node"].bool()
+            new_ids = part.ndata[dgl.NID][inner]
+            node_map.append([int(new_ids[0]), int(new_ids[-1]) + 1]
+                            if len(new_ids) else [0, 0])
+            inner_e = part.edata["inner_edge"].bool()
+            eids = part.edata[dgl.EID][inner_e]
+            edge_map.append([int(eids.min()), int(eids.max()) + 1]
+                            if len(eids) else [0, 0])
+            inner_edges += int(inner_e.sum())
+            owned_orig = part.ndata["orig_id"][inner]
+            folder = work / f"part{index}"
+            folder.mkdir()
+            feats = {f"_N/{name}": data[owned_orig]
+                     for name, data in node_data.items()}
+            feats["_N/feat"] = torch.from_numpy(np.ascontiguousarray(
+                _rows(features, owned_orig.numpy())))
+            save_tensors(str(folder / "node_feat.dgl"), feats)
+            save_tensors(str(folder / "edge_feat.dgl"), {})
+            del part.ndata["orig_id"]
+            del part.edata["orig_id"]
+            for key, dtype in (("inner_node", torch.uint8),
+                               ("inner_edge", torch.uint8),
+                               (dgl.NID, torch.int64),
+                               (dgl.EID, torch.int64),
+                               ("part_id", torch.int64)):
+                for frame in (part.ndata, part.edata):
+                    if key in frame:
+                        frame[key] = frame[key].to(dtype)
+            dgl.save_graphs(str(folder / "graph.dgl"), [part])
+            metadata[f"part-{index}"] = {
+                "node_feats": f"part{index}/node_feat.dgl",
+                "edge_feats": f"part{index}/edge_feat.dgl",
+                "part_graph": f"part{index}/graph.dgl",
+            }
+            # hmgraph's local feature store: owned + replicated rows.
+            local_orig = assignment.local_ids(index)
+            local_new, order = torch.sort(new_of_orig[local_orig])
+            local_orig = local_orig[order]
+            np.save(folder / "local_ids.npy", local_new.numpy())
+            write_feature_file(folder / "feat.bin",
+                               _rows(features, local_orig.numpy()))
+        with open(work / f"{graph_name}.json", "w") as f:
+            json.dump(metadata, f, indent=4)
+        np.save(work / "orig_nids.npy", orig_nids.numpy())
+        info = {
+            "graph_name": graph_name,
+            "method": assignment.method,
+            "num_parts": num_parts,
+            "num_nodes": num_nodes,
+            "num_edges": graph.num_edges(),
+            "halo_hops": num_hops,
+            "settings": assignment.info,
+            "replication_factor": assignment.replication_factor(),
+            "local_rows": [int(assignment.local_ids(p).numel())
+                           for p in range(num_parts)],
+            "stats": stats or {},
+        }
+        with open(work / CONFIG_NAME, "w") as f:
+            json.dump(info, f, indent=2)
+        _replace_dir(work, out_dir)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return out_dir / f"{graph_name}.json"
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Rename ``new`` to ``target``, replacing an old ``target`` last."""
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.rename(target, old)
+        os.rename(new, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(new, target)
+
+
+def read_partition_info(parts_dir: str | os.PathLike) -> dict:
+    """The ``hmgraph-partition.json`` of a partition folder.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``parts_dir`` holds no partition written by hmgraph.
+    """
+    path = Path(parts_dir) / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: {parts_dir} is not a partition folder "
+            "written by `hmgraph partition`"
+        )
+    with open(path) as f:
+        info = json.load(f)
+    info["config"] = str(Path(parts_dir) / f"{info['graph_name']}.json")
+    return info
+
+
+def update_partition_info(parts_dir: str | os.PathLike, **fields) -> None:
+    """Add ``fields`` to ``hmgraph-partition.json``, atomically."""
+    path = Path(parts_dir) / CONFIG_NAME
+    info = read_partition_info(parts_dir)
+    info.pop("config")
+    info.update(fields)
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as f:
+            json.dump(info, f, indent=2)

@@ -1,0 +1,324 @@
+"""Partition methods: which part owns each vertex, and what it replicates.
+
+Four methods, selectable by name (`METHODS`):
+
+``random``
+    DGL's random baseline: every vertex to a part drawn uniformly
+    (`dgl.random.choice`, seeded).
+``metis``
+    DGL's METIS baseline: `dgl.metis_partition_assignment` with training
+    vertices and edges balanced, as DGL's distributed examples partition.
+``self-dependence`` (2PGraph)
+    Parts are unions of whole METIS clusters, grown by linear deterministic
+    greedy assignment (LDG, Stanton and Kliot, KDD 2012): each cluster, the
+    one with most training vertices first, joins the part it has most edges
+    to, discounted by how full that part already is in training vertices.
+    Each part then replicates the dependencies of its own training vertices
+    (the vertices its trainer's L-hop sampling reaches) up to a replication
+    budget, most-read first, so that most feature reads stay local.
+``hierarchy`` (HMGraph)
+    Clusters are assigned by the same greedy rule, but a part is full when
+    either its training vertices or its *hot feature bytes* (rows in the
+    profiled hot set) reach its share: the hot-byte share of a part is its
+    machine's fast-tier budget (device + host bytes), so each machine's
+    fast tiers can hold its own hot rows. Replicas as for
+    ``self-dependence``, capped by the same budget.
+
+A method returns an `Assignment`; `hmgraph.partition.export` writes it in
+DGL's distributed format.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+__all__ = ["METHODS", "Assignment", "assign", "ldg_assign", "replicas_from"]
+
+log = logging.getLogger(__name__)
+
+METHODS = ("random", "metis", "self-dependence", "hierarchy")
+
+
+@dataclass
+class Assignment:
+    """Owner part of every vertex, and per-part replicated vertices.
+
+    Attributes
+    ----------
+    method : str
+        One of `METHODS`.
+    parts : torch.Tensor
+        int64 (num_nodes,): the part owning each vertex.
+    replicas : list of torch.Tensor
+        Per part, sorted int64 ids of vertices owned elsewhere whose
+        features the part stores too. Empty for DGL's methods.
+    info : dict
+        The method's settings (clusters, budgets, replication), as JSON.
+    """
+
+    method: str
+    parts: torch.Tensor
+    replicas: list[torch.Tensor]
+    info: dict = field(default_factory=dict)
+
+    @property
+    def num_parts(self) -> int:
+        return len(self.replicas)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.parts.numel())
+
+    def replication_factor(self) -> float:
+        """Feature rows stored over all parts, per vertex (1.0: none)."""
+        copies = sum(int(r.numel()) for r in self.replicas)
+        return (self.num_nodes + copies) / max(1, self.num_nodes)
+
+    def local_ids(self, part: int) -> torch.Tensor:
+        """Sorted ids whose features part ``part`` stores (owned + copies)."""
+        owned = torch.nonzero(self.parts == part).flatten()
+        return torch.sort(torch.cat([owned, self.replicas[part]])).values
+
+
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(
+            f"unknown partition method {method!r}; "
+            f"available: {', '.join(METHODS)}"
+        )
+
+
+def ldg_assign(weights: np.ndarray, affinity, capacities: np.ndarray
+               ) -> np.ndarray:
+    """Linear deterministic greedy assignment of items to bins.
+
+    Items (clusters) are taken heaviest first (by the first weight); each
+    goes to the bin maximising ``(1 + edges to the bin) * (1 - fill)``,
+    where ``fill`` is the bin's fullest resource after adding the item,
+    relative to its capacity. Bins that would overflow are used only when
+    every bin would.
+
+    Parameters
+    ----------
+    weights : numpy.ndarray
+        float (num_items, num_resources): what each item costs.
+    affinity : scipy.sparse matrix
+        (num_items, num_items): edges between items.
+    capacities : numpy.ndarray
+        float (num_bins, num_resources): what each bin can take.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 (num_items,): the bin of each item.
+    """
+    num_items = weights.shape[0]
+    num_bins = capacities.shape[0]
+    affinity = affinity.tocsr()
+    load = np.zeros_like(capacities, dtype=np.float64)
+    to_bin = np.zeros((num_items, num_bins))
+    out = np.full(num_items, -1, dtype=np.int64)
+    safe = np.maximum(capacities, 1e-12)
+    order = np.lexsort((np.arange(num_items), -weights[:, 0]))
+    for item in order:
+        fill = ((load + weights[item]) / safe).max(axis=1)
+        score = (1.0 + to_bin[item]) * (1.0 - np.minimum(fill, 1.0))
+        fits = fill <= 1.0
+        if fits.any():
+            score = np.where(fits, score, -np.inf)
+            best = int(np.argmax(score + 1e-9 * -fill))
+        else:
+            best = int(np.argmin(fill))
+        out[item] = best
+        load[best] += weights[item]
+        row = affinity.getrow(item)
+        to_bin[row.indices, best] += row.data
+    return out
+
+
+def _cluster_affinity(graph, clusters: torch.Tensor, num_clusters: int):
+    """Edges between clusters as a symmetric sparse matrix."""
+    import scipy.sparse as sp
+
+    src, dst = graph.edges()
+    cs = clusters[src].numpy()
+    cd = clusters[dst].numpy()
+    between = cs != cd
+    matrix = sp.coo_matrix(
+        (np.ones(int(between.sum())), (cs[between], cd[between])),
+        shape=(num_clusters, num_clusters),
+    ).tocsr()
+    return matrix + matrix.T
+
+
+def replicas_from(counts: torch.Tensor, owned: torch.Tensor,
+                  budget: int) -> torch.Tensor:
+    """The ``budget`` most-read vertices a part does not own.
+
+    Parameters
+    ----------
+    counts : torch.Tensor
+        int64 (num_nodes,): profiled reads by the part's trainers.
+    owned : torch.Tensor
+        bool (num_nodes,): the part's own vertices.
+    budget : int
+        Most vertices to replicate.
+
+    Returns
+    -------
+    torch.Tensor
+        Sorted int64 ids (only vertices read at least once).
+    """
+    wanted = counts.clone()
+    wanted[owned] = 0
+    reached = int((wanted > 0).sum())
+    take = min(max(0, budget), reached)
+    if take == 0:
+        return torch.empty(0, dtype=torch.int64)
+    top = torch.topk(wanted, take, sorted=False).indices
+    return torch.sort(top).values
+
+
+def assign(graph, num_parts: int, method: str, *, train_ids: torch.Tensor,
+           profile=None, clusters: torch.Tensor | None = None,
+           replication: float = 0.5, budgets=None, row_bytes: int = 0,
+           seed: int = 0) -> Assignment:
+    """Partition ``graph`` into ``num_parts`` parts with ``method``.
+
+    Parameters
+    ----------
+    graph : dgl.DGLGraph
+        The (symmetric) graph.
+    num_parts : int
+        Parts (>= 1), one per machine.
+    method : str
+        One of `METHODS`.
+    train_ids : torch.Tensor
+        Training vertices (balanced across parts).
+    profile : callable, optional
+        ``profile(seeds) -> counts``: reads per vertex when training on
+        ``seeds`` (e.g. `hmgraph.samplers.presample` counts). Needed by
+        ``self-dependence`` and ``hierarchy``.
+    clusters : torch.Tensor, optional
+        int64 (num_nodes,): METIS clusters, needed by ``self-dependence``
+        and ``hierarchy``; more clusters than parts.
+    replication : float
+        Replicated vertices per part, as a fraction of the vertices it
+        owns (``self-dependence`` and ``hierarchy``); 0.5 gives a
+        replication factor of at most 1.5.
+    budgets : sequence of int, optional
+        Fast-tier bytes (device + host) of each part's machine
+        (``hierarchy``); default equal shares of the feature bytes.
+    row_bytes : int
+        Bytes per feature row (``hierarchy``).
+    seed : int
+        Seed of the random method.
+
+    Returns
+    -------
+    Assignment
+    """
+    import dgl
+
+    _check_method(method)
+    num_nodes = graph.num_nodes()
+    if not isinstance(num_parts, int) or num_parts < 1:
+        raise ValueError(f"num_parts must be a positive int, got {num_parts!r}")
+    if num_parts > num_nodes:
+        raise ValueError(
+            f"num_parts={num_parts} is more than the graph's {num_nodes} nodes"
+        )
+    if train_ids.numel() == 0:
+        raise ValueError("cannot partition: the training split is empty")
+    if replication < 0:
+        raise ValueError(f"replication must be >= 0, got {replication}")
+    is_train = torch.zeros(num_nodes, dtype=torch.bool)
+    is_train[train_ids] = True
+    empty = [torch.empty(0, dtype=torch.int64) for _ in range(num_parts)]
+    if num_parts == 1:
+        return Assignment(method, torch.zeros(num_nodes, dtype=torch.int64),
+                          empty, {"num_parts": 1})
+    if method == "random":
+        dgl.seed(seed)
+        parts = dgl.random.choice(num_parts, num_nodes).long()
+        return Assignment(method, parts, empty, {"seed": seed})
+    simple = dgl.to_simple(dgl.remove_self_loop(
+        dgl.graph(graph.edges(), num_nodes=num_nodes)))
+    if method == "metis":
+        parts = dgl.metis_partition_assignment(
+            simple, num_parts, balance_ntypes=is_train.long(),
+            balance_edges=True,
+        ).long()
+        return Assignment(method, parts, empty,
+                          {"balance": "train vertices, edges"})
+    # The project's methods: clusters -> parts by LDG, then replicas.
+    if clusters is None or profile is None:
+        raise ValueError(f"method {method!r} needs clusters and a profile")
+    clusters = clusters.long()
+    num_clusters = int(clusters.max()) + 1
+    if num_clusters < num_parts:
+        raise ValueError(
+            f"{num_clusters} clusters cannot make {num_parts} parts; "
+            "use more clusters than parts"
+        )
+    train_per_cluster = torch.bincount(
+        clusters[is_train], minlength=num_clusters).double().numpy()
+    nodes_per_cluster = torch.bincount(
+        clusters, minlength=num_clusters).double().numpy()
+    affinity = _cluster_affinity(simple, clusters, num_clusters)
+    info = {"clusters": num_clusters, "replication": replication,
+            "assignment": "LDG over METIS clusters"}
+    slack = 1.05
+    if method == "self-dependence":
+        weights = np.stack([train_per_cluster, nodes_per_cluster], 1)
+        caps = np.tile(weights.sum(0) / num_parts * slack, (num_parts, 1))
+        counts = None
+    else:  # hierarchy
+        counts = profile(train_ids)
+        feature_bytes = row_bytes * num_nodes
+        if budgets is None:
+            budgets = [feature_bytes // num_parts] * num_parts
+        budgets = [int(b) for b in budgets]
+        if len(budgets) != num_parts:
+            raise ValueError(
+                f"{len(budgets)} machine budgets for {num_parts} parts; "
+                "give one per part"
+            )
+        if min(budgets) < 0 or row_bytes <= 0:
+            raise ValueError(
+                f"budgets must be >= 0 and row_bytes > 0, got {budgets} "
+                f"and {row_bytes}"
+            )
+        hot_rows = min(num_nodes, sum(budgets) // row_bytes)
+        hot = torch.zeros(num_nodes, dtype=torch.bool)
+        if hot_rows:
+            hot[torch.topk(counts, hot_rows, sorted=False).indices] = True
+        hot_per_cluster = torch.bincount(
+            clusters[hot], minlength=num_clusters).double().numpy()
+        weights = np.stack(
+            [train_per_cluster, hot_per_cluster * row_bytes], 1)
+        share = np.asarray(budgets, dtype=np.float64) / max(1, sum(budgets))
+        caps = np.stack([
+            np.full(num_parts, train_per_cluster.sum() / num_parts),
+            share * weights[:, 1].sum(),
+        ], 1) * slack
+        info.update(budgets=budgets, hot_rows=hot_rows)
+    cluster_part = ldg_assign(weights, affinity, caps)
+    parts = torch.from_numpy(cluster_part)[clusters]
+    replicas = []
+    for part in range(num_parts):
+        owned = parts == part
+        seeds = train_ids[owned[train_ids]]
+        budget = math.floor(replication * int(owned.sum()))
+        if seeds.numel() == 0 or budget == 0:
+            replicas.append(torch.empty(0, dtype=torch.int64))
+            continue
+        replicas.append(replicas_from(profile(seeds), owned, budget))
+    log.info("%s: %d parts, replication factor %.3f", method, num_parts,
+             Assignment(method, parts, replicas).replication_factor())
+    return Assignment(method, parts, replicas, info)

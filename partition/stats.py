@@ -1,0 +1,131 @@
+"""What a partition costs a distributed epoch, counted on one machine.
+
+`partition_stats` replays one training epoch of every part's trainer on the
+whole graph with the sampler training uses (distributed sampling in DGL
+returns the same neighbourhoods as sampling the whole graph, only from
+several servers) and counts, per part:
+
+* **remote feature rows / bytes**: input rows of its batches that the part
+  neither owns nor replicates, so they cross the network;
+* **remote sampling requests**: vertices whose neighbours a batch samples
+  (the destination vertices of every block) owned by another part, which
+  DGL sends to that part's server;
+* **fast-tier hit rate**: the share of the part's row reads that a static
+  cache of its machine's fast-tier budget (device + host), filled with the
+  part's most-read rows from a profile with another seed, would serve.
+
+and for the whole partition the **edge cut** (share of edges whose ends
+have different owners) and the **replication factor** (feature rows stored
+over all parts per vertex).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["edge_cut", "partition_stats"]
+
+
+def edge_cut(graph, parts: torch.Tensor) -> float:
+    """Share of ``graph``'s edges whose ends are owned by different parts."""
+    src, dst = graph.edges()
+    if src.numel() == 0:
+        return 0.0
+    return float((parts[src] != parts[dst]).double().mean())
+
+
+def partition_stats(graph, assignment, graph_sampler, train_ids: torch.Tensor,
+                    batch_size: int, row_bytes: int, *, budgets=None,
+                    profile=None, seed: int = 1, progress=None) -> dict:
+    """Edge cut, replication and one epoch's remote traffic per part.
+
+    Parameters
+    ----------
+    graph : dgl.DGLGraph
+        The whole graph.
+    assignment : hmgraph.partition.Assignment
+        Owners and replicas.
+    graph_sampler : dgl.dataloading.BlockSampler
+        The sampler of training.
+    train_ids : torch.Tensor
+        Training vertices; each part trains on those it owns.
+    batch_size : int
+        Seeds per batch.
+    row_bytes : int
+        Bytes of one feature row.
+    budgets : sequence of int, optional
+        Fast-tier bytes per part's machine, for the hit rates.
+    profile : callable, optional
+        ``profile(seeds) -> counts`` filling the fast tiers (a profile
+        with another seed than ``seed``).
+    seed : int
+        Seed of the epoch's shuffle and of DGL's generator.
+    progress : callable, optional
+        Wraps each part's batch loop (e.g. ``tqdm``); called with the
+        iterable and ``desc``.
+
+    Returns
+    -------
+    dict
+        ``edge_cut``, ``replication_factor`` and totals, plus ``parts``: a
+        list of per-part dicts.
+    """
+    import dgl
+
+    parts = assignment.parts
+    num_nodes = assignment.num_nodes
+    per_part = []
+    for part in range(assignment.num_parts):
+        local = torch.zeros(num_nodes, dtype=torch.bool)
+        local[assignment.local_ids(part)] = True
+        seeds = train_ids[parts[train_ids] == part]
+        generator = torch.Generator().manual_seed(seed + part)
+        seeds = seeds[torch.randperm(seeds.numel(), generator=generator)]
+        fast = None
+        if budgets is not None and profile is not None and seeds.numel():
+            rows = min(num_nodes, int(budgets[part]) // max(1, row_bytes))
+            fast = torch.zeros(num_nodes, dtype=torch.bool)
+            if rows:
+                counts = profile(seeds)
+                fast[torch.topk(counts, rows, sorted=False).indices] = True
+        dgl.seed(seed + part)
+        reads = remote_rows = requests = remote_requests = hits = 0
+        batches = range(0, seeds.numel(), batch_size)
+        if progress is not None:
+            batches = progress(batches, desc=f"part {part}")
+        for start in batches:
+            batch = seeds[start:start + batch_size]
+            input_nodes, _, blocks = graph_sampler.sample(graph, batch)
+            reads += input_nodes.numel()
+            remote_rows += int((~local[input_nodes]).sum())
+            if fast is not None:
+                hits += int(fast[input_nodes].sum())
+            for block in blocks:
+                dst = block.dstdata[dgl.NID]
+                requests += dst.numel()
+                remote_requests += int((parts[dst] != part).sum())
+        per_part.append({
+            "part": part,
+            "owned": int((parts == part).sum()),
+            "replicated": int(assignment.replicas[part].numel()),
+            "train": int(seeds.numel()),
+            "rows_read": reads,
+            "remote_rows": remote_rows,
+            "remote_bytes": remote_rows * row_bytes,
+            "local_read_rate": 1.0 - remote_rows / reads if reads else 0.0,
+            "sampling_requests": requests,
+            "remote_sampling_requests": remote_requests,
+            "fast_hit_rate": hits / reads if fast is not None and reads
+            else None,
+        })
+    total = {key: sum(p[key] for p in per_part)
+             for key in ("rows_read", "remote_rows", "remote_bytes",
+                         "sampling_requests", "remote_sampling_requests")}
+    return {
+        "method": assignment.method,
+        "num_parts": assignment.num_parts,
+        "edge_cut": edge_cut(graph, parts),
+        "replication_factor": assignment.replication_factor(),
+        **total,
+        "parts": per_part,
+    }

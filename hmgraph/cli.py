@@ -185,6 +185,9 @@ def _build_parser() -> argparse.ArgumentParser:
     from hmgraph.classify import add_parser as add_classify
 
     add_classify(commands)
+    from hmgraph.distributed.commands import add_parsers as add_distributed
+
+    add_distributed(commands)
     bench = commands.add_parser(
         "bench", help="every configuration side by side",
         description="Train the same model with DGL's loader (in memory, "
@@ -308,9 +311,12 @@ def main(argv: list[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     from hmgraph import classify
+    from hmgraph.distributed import commands as distributed
 
     commands = {"train": _train_command, "analyze": _analyze_command,
-                "bench": _bench_command, "classify": classify.command}
+                "bench": _bench_command, "classify": classify.command,
+                "partition": distributed.partition_command,
+                "train-dist": distributed.train_dist_command}
     try:
         return commands[args.command](args)
     except (ValueError, FileNotFoundError) as err:

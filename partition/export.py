@@ -62,7 +62,7 @@ def _rows(features, ids: np.ndarray) -> np.ndarray:
 def write_partitions(graph, assignment, out_dir: str | os.PathLike,
                      graph_name: str, features, node_data: dict,
                      num_hops: int = 1, stats: dict | None = None,
-                     progress=None) -> Path:
+                     extra: dict | None = None, progress=None) -> Path:
     """Write ``assignment`` of ``graph`` as DGL partitions under ``out_dir``.
 
     Parameters
@@ -85,6 +85,8 @@ def write_partitions(graph, assignment, out_dir: str | os.PathLike,
         Halo hops stored with each part's graph (DGL's ``num_hops``).
     stats : dict, optional
         Statistics to record in ``hmgraph-partition.json``.
+    extra : dict, optional
+        More fields for ``hmgraph-partition.json`` (dataset, settings).
     progress : callable, optional
         Wraps the per-part loop (e.g. ``tqdm``).
 
@@ -200,6 +202,7 @@ def write_partitions(graph, assignment, out_dir: str | os.PathLike,
             "local_rows": [int(assignment.local_ids(p).numel())
                            for p in range(num_parts)],
             "stats": stats or {},
+            **(extra or {}),
         }
         with open(work / CONFIG_NAME, "w") as f:
             json.dump(info, f, indent=2)

@@ -1,0 +1,319 @@
+"""``hmgraph partition`` and ``hmgraph train-dist``."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["add_parsers", "make_partitions", "partition_command",
+           "train_dist_command"]
+
+
+def add_parsers(commands) -> None:
+    """Add ``partition`` and ``train-dist`` to an argparse subparsers."""
+    from hmgraph.cache.policies import POLICIES
+    from hmgraph.cli import (
+        _add_workload_arguments,
+        _fraction,
+        _non_negative_int,
+        _positive_int,
+        parse_fanouts,
+    )
+    from hmgraph.models import MODELS
+    from hmgraph.partition import METHODS
+
+    part = commands.add_parser(
+        "partition", help="partition a dataset for DGL's distributed engine",
+        description="Split a dataset into parts that dgl.distributed loads "
+        "unchanged (DGL's JSON config, one folder per part), with DGL's "
+        "random or METIS assignment or hmgraph's self-dependence (2PGraph) "
+        "or hierarchy (HMGraph) methods; prints edge cut, replication and "
+        "one epoch's remote traffic per part.",
+    )
+    _add_workload_arguments(part)
+    part.add_argument("--parts", type=_positive_int, required=True)
+    part.add_argument("--method", default="metis", choices=METHODS)
+    part.add_argument("--out", required=True, help="output folder")
+    part.add_argument("--clusters-per-part", type=_positive_int, default=16,
+                      help="METIS clusters per part (self-dependence, "
+                      "hierarchy)")
+    part.add_argument("--replication", type=float, default=0.5,
+                      help="replicated vertices per part, as a share of "
+                      "the vertices it owns (0.5: factor <= 1.5)")
+    part.add_argument("--device-budget", default="5%",
+                      help="each machine's device tier (512MB, 2GB, 5%%)")
+    part.add_argument("--host-budget", default="20%",
+                      help="each machine's host tier")
+    part.add_argument("--machine-budgets", default=None,
+                      help="fast-tier bytes per machine, comma separated "
+                      "(overrides the two above), e.g. 2GB,1GB,1GB,1GB")
+    part.add_argument("--halo-hops", type=_positive_int, default=1)
+    part.add_argument("--seed", type=int, default=0)
+    part.add_argument("--no-stats", action="store_true",
+                      help="skip the epoch replay that counts remote "
+                      "traffic")
+    part.add_argument("--no-progress", action="store_true")
+
+    dist = commands.add_parser(
+        "train-dist", help="distributed training on loopback",
+        description="Start one DGL server per part and the trainers on "
+        "this machine, train with DistributedDataParallel, and tear "
+        "everything down (also when a process dies).",
+    )
+    dist.add_argument("--parts-dir", required=True,
+                      help="written by hmgraph partition")
+    dist.add_argument("--trainers", type=_positive_int, default=None,
+                      help="trainer processes (a multiple of the parts; "
+                      "default one per part)")
+    dist.add_argument("--model", default="sage", choices=sorted(MODELS))
+    dist.add_argument("--fanouts", type=parse_fanouts, default=[15, 10, 5])
+    dist.add_argument("--batch-size", type=_positive_int, default=1024,
+                      help="global batch, split evenly among trainers")
+    dist.add_argument("--hidden", type=_positive_int, default=256)
+    dist.add_argument("--dropout", type=_fraction, default=0.5)
+    dist.add_argument("--lr", type=float, default=0.003)
+    dist.add_argument("--epochs", type=_positive_int, default=1)
+    dist.add_argument("--seed", type=int, default=0)
+    dist.add_argument("--cache", default="hmgraph",
+                      choices=["none", *[n for n in POLICIES
+                                         if n != "belady"]])
+    dist.add_argument("--device-budget", default="5%")
+    dist.add_argument("--host-budget", default="20%")
+    dist.add_argument("--device", default="cpu")
+    dist.add_argument("--threads", type=_positive_int, default=1,
+                      help="torch threads per trainer")
+    dist.add_argument("--timeout", type=float, default=3600.0,
+                      help="seconds before the job is stopped")
+    dist.add_argument("--log-every", type=_non_negative_int, default=0,
+                      help="print a trainer's loss every N batches")
+    dist.add_argument("--out", default=None,
+                      help="output folder (default runs/dist-PARTS)")
+
+
+def _profile_fn(graph, sampler, batch_size: int, seed: int):
+    """``profile(seeds) -> counts``: one epoch of presampling."""
+    from hmgraph.samplers.presample import presample
+
+    def profile(seeds: torch.Tensor) -> torch.Tensor:
+        batches = math.ceil(seeds.numel() / batch_size)
+        return presample(graph, sampler, seeds, batch_size, batches,
+                         seed=seed).counts
+
+    return profile
+
+
+def _machine_budgets(args, num_parts: int, feature_bytes: int) -> list[int]:
+    from hmgraph.cache.budget import parse_budget
+
+    if args.machine_budgets:
+        budgets = [parse_budget(t.strip(), feature_bytes)
+                   for t in args.machine_budgets.split(",")]
+        if len(budgets) != num_parts:
+            raise ValueError(
+                f"--machine-budgets lists {len(budgets)} machines for "
+                f"--parts {num_parts}; give one per part"
+            )
+        return budgets
+    each = parse_budget(args.device_budget, feature_bytes) + \
+        parse_budget(args.host_budget, feature_bytes)
+    return [each] * num_parts
+
+
+def make_partitions(args, progress=None) -> dict:
+    """Assign, count and write partitions as ``args`` says; the info dict."""
+    import dgl
+
+    from hmgraph.cache.format import open_feature_file
+    from hmgraph.datasets import load
+    from hmgraph.partition import (
+        assign,
+        partition_stats,
+        read_partition_info,
+        write_partitions,
+    )
+    from hmgraph.samplers.cluster import metis_clusters
+
+    dataset = load(args.dataset, args.root)
+    graph = dataset.graph
+    if args.parts > graph.num_nodes():
+        raise ValueError(
+            f"--parts {args.parts} exceeds the {graph.num_nodes()} nodes of "
+            f"{args.dataset}"
+        )
+    if args.replication < 0:
+        raise ValueError(f"--replication {args.replication}: must be >= 0")
+    manifest, rows = open_feature_file(dataset.feature_path)
+    row_bytes = manifest.row_bytes
+    budgets = _machine_budgets(args, args.parts,
+                               row_bytes * graph.num_nodes())
+    sampler = dgl.dataloading.NeighborSampler(args.fanouts)
+    train_ids = dataset.split["train"]
+    clusters = None
+    if args.method in ("self-dependence", "hierarchy"):
+        count = args.parts * args.clusters_per_part
+        cache = Path(dataset.feature_path).parent / f"metis-{count}.npy"
+        clusters = metis_clusters(graph, count, cache)
+    began = time.perf_counter()
+    assignment = assign(
+        graph, args.parts, args.method, train_ids=train_ids,
+        profile=_profile_fn(graph, sampler, args.batch_size, args.seed),
+        clusters=clusters, replication=args.replication, budgets=budgets,
+        row_bytes=row_bytes, seed=args.seed,
+    )
+    seconds = time.perf_counter() - began
+    stats = {}
+    if not args.no_stats:
+        stats = partition_stats(
+            graph, assignment, sampler, train_ids, args.batch_size,
+            row_bytes, budgets=budgets,
+            profile=_profile_fn(graph, sampler, args.batch_size, args.seed),
+            seed=args.seed + 1, progress=progress,
+        )
+    node_data = {"label": dataset.labels.long()}
+    for split in ("train", "valid", "test"):
+        mask = torch.zeros(graph.num_nodes(), dtype=torch.bool)
+        mask[dataset.split[split]] = True
+        node_data[f"{split}_mask"] = mask
+    write_partitions(
+        graph, assignment, args.out, args.dataset.replace("-", "_"), rows,
+        node_data, num_hops=args.halo_hops, stats=stats,
+        extra={
+            "dataset": {"name": args.dataset,
+                        "num_classes": int(dataset.num_classes),
+                        "row_bytes": row_bytes},
+            "assign_seconds": seconds,
+            "machine_budgets": budgets,
+            "fanouts": args.fanouts,
+            "batch_size": args.batch_size,
+        },
+    )
+    return read_partition_info(args.out)
+
+
+def format_partition(info: dict) -> str:
+    """A short markdown table of a partition's statistics."""
+    stats = info.get("stats") or {}
+    lines = [
+        f"{info['method']}: {info['num_parts']} parts of "
+        f"{info['dataset']['name']}, replication factor "
+        f"{info['replication_factor']:.3f}",
+    ]
+    if not stats:
+        return lines[0]
+    lines[0] += f", edge cut {stats['edge_cut']:.3f}"
+    lines += [
+        "",
+        "| part | owned | replicated | train | remote MB/epoch | "
+        "local reads % | remote sampling % | fast-tier hit % |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in stats["parts"]:
+        fast = p["fast_hit_rate"]
+        lines.append(
+            f"| {p['part']} | {p['owned']:,} | {p['replicated']:,} | "
+            f"{p['train']:,} | {p['remote_bytes'] / 1e6:.1f} | "
+            f"{100 * p['local_read_rate']:.1f} | "
+            f"{100 * p['remote_sampling_requests'] / max(1, p['sampling_requests']):.1f} | "  # noqa: E501
+            f"{'-' if fast is None else f'{100 * fast:.1f}'} |"
+        )
+    lines.append(
+        f"| all | | | | {stats['remote_bytes'] / 1e6:.1f} | "
+        f"{100 * (1 - stats['remote_rows'] / max(1, stats['rows_read'])):.1f}"
+        f" | {100 * stats['remote_sampling_requests'] / max(1, stats['sampling_requests']):.1f} | |"  # noqa: E501
+    )
+    return "\n".join(lines)
+
+
+def partition_command(args) -> int:
+    """Run ``hmgraph partition``."""
+    from tqdm import tqdm
+
+    def progress(iterable, desc=None):
+        return tqdm(iterable, desc=desc, leave=False,
+                    disable=args.no_progress)
+
+    info = make_partitions(args, progress)
+    print(format_partition(info))
+    print(f"partitions: {info['config']}")
+    return 0
+
+
+def train_dist_command(args) -> int:
+    """Run ``hmgraph train-dist``; 1 when a process died or timed out."""
+    import sys
+
+    from hmgraph.distributed.launcher import LaunchError, launch
+    from hmgraph.partition import read_partition_info
+
+    info = read_partition_info(args.parts_dir)
+    trainers = args.trainers or info["num_parts"]
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: no CUDA device here; "
+                         "use --device cpu")
+    if args.batch_size < trainers:
+        raise ValueError(
+            f"--batch-size {args.batch_size} is smaller than --trainers "
+            f"{trainers}: every trainer needs at least one seed per batch"
+        )
+    settings = {
+        "model": args.model, "hidden": args.hidden, "dropout": args.dropout,
+        "lr": args.lr, "fanouts": args.fanouts,
+        "batch_size": math.ceil(args.batch_size / trainers),
+        "epochs": args.epochs, "seed": args.seed, "cache": args.cache,
+        "device_budget": args.device_budget,
+        "host_budget": args.host_budget, "device": args.device,
+        "threads": args.threads, "log_every": args.log_every,
+    }
+    out = Path(args.out or f"runs/dist-{Path(args.parts_dir).name}")
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        result = launch(args.parts_dir, trainers, settings,
+                        timeout=args.timeout,
+                        log=lambda line: print(line, flush=True))
+    except LaunchError as err:
+        print(f"hmgraph train-dist: error: {err}", file=sys.stderr)
+        return 1
+    result = {"partition": {k: info[k] for k in
+                            ("method", "num_parts", "replication_factor")},
+              "settings": {**settings, "trainers": trainers},
+              **result}
+    tmp = out / "result.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(out / "result.json")
+    print(format_dist_result(result))
+    print(f"result: {out / 'result.json'}")
+    return 0
+
+
+def format_dist_result(result: dict) -> str:
+    """Accuracy and a per-trainer table of a ``train-dist`` result."""
+    acc = result["accuracy"]
+    lines = [
+        f"valid acc {acc['valid']:.4f}, test acc {acc['test']:.4f} "
+        f"({result['settings']['trainers']} trainers, "
+        f"{result['partition']['num_parts']} parts, "
+        f"{result['partition']['method']})",
+        "",
+        "| trainer | part | seeds | epoch s | device hit % | host hit % | "
+        "remote rows % | remote MB | remote sampling % |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for t in result["trainers"]:
+        last = t["epochs"][-1]
+        hit = (last["loader"].get("cache") or {}).get("hit_rate", {})
+        feats, samp = t["features"], t["sampling"]
+        rows = feats["local_rows"] + feats["remote_rows"]
+        lines.append(
+            f"| {t['rank']} | {t['part']} | {t['train_vertices']:,} | "
+            f"{last['seconds']:.1f} | "
+            f"{100 * hit.get('device', 0.0):.1f} | "
+            f"{100 * hit.get('host', 0.0):.1f} | "
+            f"{100 * feats['remote_rows'] / max(1, rows):.1f} | "
+            f"{feats['remote_bytes'] / 1e6:.1f} | "
+            f"{100 * samp['remote_requests'] / max(1, samp['requests']):.1f} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,217 @@
+"""Start DGL servers and trainers on this machine, and take them down.
+
+`launch` is what ``hmgraph train-dist`` runs. One machine stands in for a
+cluster: every part gets its own "machine" line in DGL's ip_config (all on
+127.0.0.1, one port each), one `DistGraphServer` process, and
+``trainers / parts`` trainer processes. The launcher watches them all:
+
+* when every trainer has exited 0, it waits for the servers (the trainers
+  shut them down) and returns the result rank 0 wrote;
+* when any process dies (non-zero exit or a signal) or a server exits
+  while trainers still run, it stops every other process and raises
+  `LaunchError` naming the dead one;
+* on Ctrl-C or when ``timeout`` seconds pass, it stops them all too.
+
+Stopping is SIGTERM, then SIGKILL after a grace period. Workers also exit
+on their own when the launcher disappears.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hmgraph.partition import read_partition_info
+
+__all__ = ["LaunchError", "free_port", "launch"]
+
+
+class LaunchError(RuntimeError):
+    """A distributed job failed: a process died, or it timed out."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class _Process:
+    def __init__(self, name: str, popen: subprocess.Popen):
+        self.name = name
+        self.popen = popen
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} (pid {self.popen.pid})"
+
+
+def _stop(processes, grace: float = 5.0) -> None:
+    alive = [p for p in processes if p.popen.poll() is None]
+    for p in alive:
+        try:
+            p.popen.terminate()
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    for p in alive:
+        try:
+            p.popen.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.popen.kill()
+            p.popen.wait()
+
+
+def launch(parts_dir: str | os.PathLike, trainers: int, settings: dict, *,
+           timeout: float | None = None, log=print, workdir=None) -> dict:
+    """Train on the partitions in ``parts_dir`` with ``trainers`` processes.
+
+    Parameters
+    ----------
+    parts_dir : str or os.PathLike
+        Written by ``hmgraph partition``.
+    trainers : int
+        Trainer processes in all; a multiple of the number of parts.
+    settings : dict
+        The trainers' settings: ``model``, ``hidden``, ``dropout``,
+        ``lr``, ``fanouts``, ``batch_size`` (per trainer), ``epochs``,
+        ``seed``, ``cache``, ``device_budget``, ``host_budget``,
+        ``device``, ``log_every``.
+    timeout : float, optional
+        Seconds before the whole job is stopped.
+    log : callable
+        Receives one line per event (process started, stopped).
+    workdir : str or os.PathLike, optional
+        Where the ip_config, job and result files go; default a
+        temporary folder.
+
+    Returns
+    -------
+    dict
+        ``accuracy`` (valid, test) and one record per trainer.
+
+    Raises
+    ------
+    LaunchError
+        If a process dies, or ``timeout`` passes.
+    """
+    info = read_partition_info(parts_dir)
+    num_parts = info["num_parts"]
+    if not isinstance(trainers, int) or trainers < 1 \
+            or trainers % num_parts:
+        raise ValueError(
+            f"trainers={trainers!r} must be a positive multiple of the "
+            f"{num_parts} parts in {parts_dir}"
+        )
+    with open(info["config"]) as f:
+        config = json.load(f)
+    owned = tempfile.TemporaryDirectory(prefix="hmgraph-dist-") \
+        if workdir is None else None
+    work = Path(workdir or owned.name)
+    work.mkdir(parents=True, exist_ok=True)
+    ip_config = work / "ip_config.txt"
+    ip_config.write_text("".join(f"127.0.0.1 {free_port()}\n"
+                                 for _ in range(num_parts)))
+    job = {
+        **settings,
+        "parts_dir": str(Path(parts_dir).resolve()),
+        "part_config": str(Path(info["config"]).resolve()),
+        "ip_config": str(ip_config),
+        "num_parts": num_parts,
+        "trainers": trainers,
+        "node_map": config["node_map"]["_N"],
+        "num_classes": info["dataset"]["num_classes"],
+        "master_port": free_port(),
+        "launcher_pid": os.getpid(),
+        "result": str(work / "result.json"),
+    }
+    job_path = work / "job.json"
+    job_path.write_text(json.dumps(job, indent=2))
+    env = dict(os.environ, OMP_NUM_THREADS=str(settings.get("threads", 1)))
+    command = [sys.executable, "-m", "hmgraph.distributed.worker"]
+    servers, workers = [], []
+    try:
+        for rank in range(num_parts):
+            popen = subprocess.Popen(
+                [*command, "server", str(job_path), str(rank)], env=env)
+            servers.append(_Process(f"server {rank}", popen))
+            log(f"started {servers[-1].label}")
+        for rank in range(trainers):
+            popen = subprocess.Popen(
+                [*command, "trainer", str(job_path), str(rank)], env=env)
+            workers.append(_Process(f"trainer {rank}", popen))
+            log(f"started {workers[-1].label}")
+        _watch(servers, workers, timeout, log)
+        result = json.loads(Path(job["result"]).read_text())
+    except KeyboardInterrupt:
+        _stop(servers + workers)
+        raise
+    finally:
+        _stop(servers + workers)
+        if owned is not None:
+            owned.cleanup()
+    return result
+
+
+def _watch(servers, workers, timeout, log) -> None:
+    began = time.monotonic()
+    ended = None
+    everyone = servers + workers
+    while True:
+        for p in everyone:
+            code = p.popen.poll()
+            if code is None or code == 0 and p in servers:
+                continue
+            if code != 0:
+                _stop(everyone)
+                others = len([q for q in everyone if q is not p])
+                raise LaunchError(
+                    f"{p.label} {_describe(code)}; stopped the {others} "
+                    "other processes"
+                )
+        if all(p.popen.poll() == 0 for p in workers):
+            break
+        if any(p.popen.poll() == 0 for p in servers):
+            # Servers stop when the trainers ask them to, at the very end;
+            # trainers still running well after that are stuck.
+            ended = ended or time.monotonic()
+            if time.monotonic() - ended > 30:
+                _stop(everyone)
+                gone = next(p for p in servers if p.popen.poll() == 0)
+                raise LaunchError(
+                    f"{gone.label} exited while trainers were running; "
+                    "stopped the others"
+                )
+        if timeout is not None and time.monotonic() - began > timeout:
+            _stop(everyone)
+            raise LaunchError(
+                f"timed out after {timeout:g} s; stopped all "
+                f"{len(everyone)} processes"
+            )
+        time.sleep(0.2)
+    # The trainers asked the servers to shut down; give them a moment.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(
+            p.popen.poll() is None for p in servers):
+        time.sleep(0.2)
+    for p in servers:
+        if p.popen.poll() not in (0, None):
+            log(f"{p.label} {_describe(p.popen.returncode)} at shutdown")
+    log(f"all {len(everyone)} processes finished")

@@ -1,0 +1,233 @@
+"""The processes `hmgraph train-dist` starts: DGL servers and trainers.
+
+Run by the launcher as ``python -m hmgraph.distributed.worker ROLE JOB
+RANK``, where JOB is the launcher's JSON job file:
+
+* ``server``: one `dgl.distributed.DistGraphServer` per part (one "machine"
+  per part; several share this host, so shared memory is off and clients
+  talk to every server over loopback sockets). It returns when the trainers
+  shut the servers down.
+* ``trainer``: `dgl.distributed.initialize`, a `DistGraph` with its part's
+  partition book, ``torch.distributed`` (gloo on CPU, nccl on GPU) and
+  `DistributedDataParallel`. Its seeds are the training vertices its part
+  owns (split among the part's trainers); batches come from
+  `hmgraph.DataLoader` over the `DistGraph`, with DGL's distributed
+  sampling and a coordinated cache over a `PartitionFeature` (local rows
+  from the part's own feature file, the rest pulled from their owners).
+  Uneven numbers of batches across trainers are handled by DDP's
+  ``join``. After the last epoch every trainer scores its share of the
+  validation and test vertices with full neighbourhoods; counts are summed
+  with ``all_reduce`` and rank 0 writes the job's result file.
+
+Every worker exits when the launcher dies (its parent changes), so a
+killed launcher leaves no orphans behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit at once when the launcher (``parent``) is gone."""
+    def watch():
+        while True:
+            if os.getppid() != parent:
+                os._exit(3)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True, name="hmgraph-watch").start()
+
+
+def run_server(job: dict, rank: int) -> None:
+    from dgl.distributed import DistGraphServer
+
+    from hmgraph.distributed.loopback import emulate_machine
+
+    emulate_machine(rank, str(job["launcher_pid"]))
+    server = DistGraphServer(
+        rank, job["ip_config"], 1, job["trainers"], job["part_config"],
+        disable_shared_mem=True, graph_format=["csc", "coo"],
+    )
+    server.start()
+
+
+def _owned(part_dir: Path, name: str):
+    from dgl.data.utils import load_tensors
+
+    return load_tensors(str(part_dir / "node_feat.dgl"))[f"_N/{name}"]
+
+
+def run_trainer(job: dict, rank: int) -> None:
+    import dgl
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from dgl.distributed import DistGraph, load_partition_book
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hmgraph.cache.budget import parse_budget
+    from hmgraph.distributed.feature import PartitionFeature, PartLabels
+    from hmgraph.distributed.sampling import LockedNeighborSampler
+    from hmgraph.loader import DataLoader
+    from hmgraph.models import build_model
+
+    from hmgraph.distributed.loopback import emulate_machine
+
+    torch.set_num_threads(job.get("threads", 1))
+    world = job["trainers"]
+    num_parts = job["num_parts"]
+    per_part = world // num_parts
+    part = rank // per_part
+    local_rank = rank % per_part
+    emulate_machine(part, str(job["launcher_pid"]))
+    dgl.distributed.initialize(job["ip_config"])
+    dist.init_process_group(
+        "nccl" if job["device"].startswith("cuda") else "gloo",
+        init_method=f"tcp://127.0.0.1:{job['master_port']}",
+        rank=rank, world_size=world,
+    )
+    device = torch.device(job["device"])
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    gpb, graph_name, _, _ = load_partition_book(job["part_config"], part)
+    graph = DistGraph(graph_name, gpb=gpb)
+    part_dir = Path(job["parts_dir"]) / f"part{part}"
+    start = int(job["node_map"][part][0])
+    lock = threading.Lock()
+
+    def mine(mask_name):
+        mask = _owned(part_dir, mask_name).bool()
+        ids = torch.nonzero(mask).flatten() + start
+        return ids[local_rank::per_part]
+
+    train_ids, valid_ids, test_ids = (
+        mine("train_mask"), mine("valid_mask"), mine("test_mask"))
+    features = PartitionFeature(part_dir, graph.ndata["feat"], lock)
+    labels = PartLabels(_owned(part_dir, "label").long(), start,
+                        graph.ndata["label"], lock)
+    fanouts = job["fanouts"]
+    sampler = LockedNeighborSampler(fanouts, lock, gpb, part)
+    torch.manual_seed(job["seed"])
+    model = build_model(
+        job["model"], features.row_shape[0], job["hidden"],
+        job["num_classes"], num_layers=len(fanouts),
+        dropout=job["dropout"], num_heads=job.get("num_heads", 4),
+    ).to(device)
+    model = DistributedDataParallel(
+        model, device_ids=[device] if device.type == "cuda" else None)
+    optimizer = torch.optim.Adam(model.parameters(), lr=job["lr"],
+                                 weight_decay=job.get("weight_decay", 0.0))
+    feature_bytes = features.row_bytes * features.num_rows
+    cache = None if job["cache"] == "none" else job["cache"]
+    loader = DataLoader(
+        graph, train_ids, sampler, batch_size=job["batch_size"],
+        shuffle=True, features=features, labels=labels, cache=cache,
+        device_budget_bytes=parse_budget(job["device_budget"],
+                                         feature_bytes),
+        host_budget_bytes=parse_budget(job["host_budget"], feature_bytes),
+        prefetch=job.get("prefetch", 2), device=device,
+        seed=job["seed"] + rank,
+    )
+    log_every = job.get("log_every", 0)
+    epochs = []
+    for epoch in range(job["epochs"]):
+        loader.set_epoch(epoch)
+        loader.stats.reset()
+        model.train()
+        began = time.perf_counter()
+        total_loss, seen = 0.0, 0
+        with model.join():
+            for index, batch in enumerate(loader):
+                logits = model(batch.blocks, batch.x)
+                loss = F.cross_entropy(logits, batch.y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                total_loss += float(loss) * batch.y.numel()
+                seen += batch.y.numel()
+                if log_every and index % log_every == 0:
+                    print(f"trainer {rank}: epoch {epoch} batch {index} "
+                          f"loss {float(loss):.4f}", flush=True)
+        epochs.append({
+            "epoch": epoch,
+            "loss": total_loss / max(1, seen),
+            "seconds": time.perf_counter() - began,
+            "loader": loader.stats.as_dict(),
+        })
+    scores = {}
+    for name, ids in (("valid", valid_ids), ("test", test_ids)):
+        correct, total = _evaluate(model.module, graph, features, labels,
+                                   ids, len(fanouts), lock, device)
+        counts = torch.tensor([correct, total], dtype=torch.float64)
+        dist.all_reduce(counts)
+        scores[name] = float(counts[0] / counts[1]) if counts[1] else 0.0
+    record = {
+        "rank": rank,
+        "part": part,
+        "train_vertices": int(train_ids.numel()),
+        "epochs": epochs,
+        "plan": loader.plan.as_dict(),
+        "features": features.stats.as_dict(),
+        "sampling": sampler.stats.as_dict(),
+    }
+    records = [None] * world
+    dist.all_gather_object(records, record)
+    if rank == 0:
+        result = {"accuracy": scores, "trainers": records}
+        tmp = Path(job["result"]).with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=2))
+        os.replace(tmp, job["result"])
+    features.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _evaluate(model, graph, features, labels, ids, num_layers, lock, device):
+    """Correct predictions and count over ``ids``, full neighbourhoods."""
+    import torch
+
+    from hmgraph.distributed.sampling import LockedNeighborSampler
+
+    sampler = LockedNeighborSampler([-1] * num_layers, lock)
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for begin in range(0, ids.numel(), 1024):
+            seeds = ids[begin:begin + 1024]
+            input_nodes, output_nodes, blocks = sampler.sample(graph, seeds)
+            x = features.read(input_nodes).to(device)
+            logits = model(blocks, x)
+            y = labels[output_nodes].to(device)
+            correct += int((logits.argmax(-1) == y).sum())
+            total += int(y.numel())
+    return correct, total
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    role, job_path, rank = argv[0], argv[1], int(argv[2])
+    job = json.loads(Path(job_path).read_text())
+    _watch_parent(job["launcher_pid"])
+    os.environ["DGL_DIST_MODE"] = "distributed"
+    os.environ["DGL_NUM_SERVER"] = "1"
+    os.environ["DGL_NUM_SAMPLER"] = "0"
+    if role == "server":
+        run_server(job, rank)
+    elif role == "trainer":
+        run_trainer(job, rank)
+    else:
+        raise SystemExit(f"unknown role {role!r}; expected server or trainer")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

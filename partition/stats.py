@@ -12,7 +12,11 @@ several servers) and counts, per part:
   DGL sends to that part's server;
 * **fast-tier hit rate**: the share of the part's row reads that a static
   cache of its machine's fast-tier budget (device + host), filled with the
-  part's most-read rows from a profile with another seed, would serve.
+  part's most-read rows from a profile with another seed, would serve;
+* **hot fill**: the bytes of the job's hot rows (the most-read rows that
+  all machines' fast tiers together can hold) that the part owns, over
+  its machine's fast-tier budget: 1.0 means its fast tiers hold exactly
+  its own hot rows, above 1.0 some of them do not fit.
 
 and for the whole partition the **edge cut** (share of edges whose ends
 have different owners) and the **replication factor** (feature rows stored
@@ -74,6 +78,14 @@ def partition_stats(graph, assignment, graph_sampler, train_ids: torch.Tensor,
 
     parts = assignment.parts
     num_nodes = assignment.num_nodes
+    hot = None
+    if budgets is not None and profile is not None:
+        hot_rows = min(num_nodes, sum(int(b) for b in budgets)
+                       // max(1, row_bytes))
+        hot = torch.zeros(num_nodes, dtype=torch.bool)
+        if hot_rows:
+            counts = profile(train_ids)
+            hot[torch.topk(counts, hot_rows, sorted=False).indices] = True
     per_part = []
     for part in range(assignment.num_parts):
         local = torch.zeros(num_nodes, dtype=torch.bool)
@@ -117,6 +129,9 @@ def partition_stats(graph, assignment, graph_sampler, train_ids: torch.Tensor,
             "remote_sampling_requests": remote_requests,
             "fast_hit_rate": hits / reads if fast is not None and reads
             else None,
+            "hot_fill": None if hot is None else
+            int((hot & (parts == part)).sum()) * row_bytes
+            / max(1, int(budgets[part])),
         })
     total = {key: sum(p[key] for p in per_part)
              for key in ("rows_read", "remote_rows", "remote_bytes",

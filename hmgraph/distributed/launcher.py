@@ -165,9 +165,18 @@ def launch(parts_dir: str | os.PathLike, trainers: int, settings: dict, *,
         raise
     finally:
         _stop(servers + workers)
+        _remove_shared_memory(f"hmg{os.getpid()}m")
         if owned is not None:
             owned.cleanup()
     return result
+
+
+def _remove_shared_memory(prefix: str) -> None:
+    """Unlink what killed servers left in /dev/shm (see `loopback`)."""
+    shm = Path("/dev/shm")
+    if shm.is_dir():
+        for path in shm.glob(prefix + "*"):
+            path.unlink(missing_ok=True)
 
 
 def _watch(servers, workers, timeout, log) -> None:

@@ -75,11 +75,10 @@ def run_trainer(job: dict, rank: int) -> None:
 
     from hmgraph.cache.budget import parse_budget
     from hmgraph.distributed.feature import PartitionFeature, PartLabels
+    from hmgraph.distributed.loopback import emulate_machine
     from hmgraph.distributed.sampling import LockedNeighborSampler
     from hmgraph.loader import DataLoader
     from hmgraph.models import build_model
-
-    from hmgraph.distributed.loopback import emulate_machine
 
     torch.set_num_threads(job.get("threads", 1))
     world = job["trainers"]

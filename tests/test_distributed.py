@@ -1,0 +1,119 @@
+"""hmgraph train-dist: real DGL servers and trainers on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hmgraph.cli import main
+
+# One epoch of synth-tiny at a batch small enough to converge in it, so
+# that sampling noise between runs stays well inside 2 points.
+WORKLOAD = ["--fanouts", "10,5", "--batch-size", "16", "--lr", "0.01",
+            "--hidden", "64", "--seed", "0"]
+
+
+@pytest.fixture(scope="module")
+def parts(data_root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist") / "metis"
+    assert main(["partition", "--dataset", "synth-tiny", "--root",
+                 str(data_root), "--parts", "2", "--method", "metis",
+                 "--out", str(out), "--no-stats", "--no-progress"]) == 0
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie not yet reaped by its parent counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_two_servers_two_trainers_match_single_process(
+        parts, data_root, tmp_path, capsys):
+    assert main(["train", "--dataset", "synth-tiny", "--root",
+                 str(data_root), "--epochs", "1", "--no-progress",
+                 "--out", str(tmp_path / "single"), *WORKLOAD]) == 0
+    single = json.loads((tmp_path / "single" / "result.json").read_text())
+    capsys.readouterr()
+    assert main(["train-dist", "--parts-dir", str(parts), "--trainers",
+                 "2", "--epochs", "1", "--cache", "hmgraph",
+                 "--out", str(tmp_path / "dist"), "--timeout", "300",
+                 *WORKLOAD]) == 0
+    out = capsys.readouterr().out
+    pids = [int(p) for p in re.findall(r"started \w+ \d \(pid (\d+)\)", out)]
+    assert len(pids) == 4
+    result = json.loads((tmp_path / "dist" / "result.json").read_text())
+    test_single = single["summary"]["test_mean"]
+    test_dist = result["accuracy"]["test"]
+    assert abs(test_dist - test_single) <= 0.02, (test_dist, test_single)
+    assert test_dist > 0.6
+    trainers = result["trainers"]
+    assert [t["part"] for t in trainers] == [0, 1]
+    for t in trainers:
+        # Features of other parts crossed the network, and were counted.
+        assert t["features"]["remote_rows"] > 0
+        assert t["features"]["remote_bytes"] == \
+            400 * t["features"]["remote_rows"]
+        assert 0 < t["sampling"]["remote_requests"] < t["sampling"][
+            "requests"]
+        cache = t["epochs"][0]["loader"]["cache"]
+        assert cache["hits"].get("device", 0) > 0
+    # Every process is gone after a clean finish.
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_a_dead_trainer_stops_the_job_with_its_name(parts, tmp_path):
+    command = [sys.executable, "-m", "hmgraph.cli", "train-dist",
+               "--parts-dir", str(parts), "--trainers", "2", "--epochs",
+               "3", "--log-every", "1", "--out", str(tmp_path / "run"),
+               "--timeout", "300", *WORKLOAD]
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    pids, victim = {}, None
+    for line in launcher.stdout:
+        found = re.match(r"started (\w+ \d) \(pid (\d+)\)", line)
+        if found:
+            pids[found.group(1)] = int(found.group(2))
+        if line.startswith("trainer 1: epoch 0 batch"):
+            victim = pids["trainer 1"]
+            os.kill(victim, signal.SIGKILL)
+            break
+    assert victim is not None, "trainer 1 never reported a batch"
+    killed_at = time.monotonic()
+    try:
+        _, err = launcher.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        pytest.fail("the launcher did not exit within 60 s of the kill")
+    assert time.monotonic() - killed_at < 60
+    assert launcher.returncode == 1
+    last = err.strip().splitlines()[-1]
+    assert last == (f"hmgraph train-dist: error: trainer 1 (pid {victim}) "
+                    "was killed by SIGKILL; stopped the 3 other processes")
+    assert not any(_alive(pid) for pid in pids.values())
+
+
+def test_bad_launch_settings_are_one_line(parts, capsys, tmp_path):
+    assert main(["train-dist", "--parts-dir", str(parts), "--trainers", "3",
+                 "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("hmgraph train-dist: error: trainers=3 must be a "
+                          "positive multiple of the 2 parts")
+    assert main(["train-dist", "--parts-dir", str(tmp_path), "--out",
+                 str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "is not a partition folder written by `hmgraph partition`" in err

@@ -310,7 +310,7 @@ class DataLoader:
         start = time.perf_counter()
         self.profile = presample(
             self.graph, self.graph_sampler, self.indices, self.batch_size,
-            profile_batches, seed=self.seed + 7919,
+            profile_batches, seed=self.seed + 7919, shuffle=self.shuffle,
         )
         log.info("profiled %d batches in %.1f s", self.profile.num_batches,
                  time.perf_counter() - start)

@@ -46,7 +46,8 @@ class Profile:
 
 
 def presample(graph, graph_sampler, seeds: torch.Tensor, batch_size: int,
-              num_batches: int, seed: int = 0, progress=None) -> Profile:
+              num_batches: int, seed: int = 0, progress=None,
+              shuffle: bool = True) -> Profile:
     """Sample ``num_batches`` batches and count which rows they read.
 
     Parameters
@@ -66,6 +67,11 @@ def presample(graph, graph_sampler, seeds: torch.Tensor, batch_size: int,
         Seed of the shuffle and of DGL's generator.
     progress : callable, optional
         Wraps the batch iterator (e.g. ``tqdm``).
+    shuffle : bool
+        Shuffle the seeds (as a loader with ``shuffle=True`` does); if
+        False they are taken in the given order, as a loader without
+        shuffling takes them. A sampler's ``order_seeds`` applies either
+        way.
 
     Returns
     -------
@@ -77,6 +83,8 @@ def presample(graph, graph_sampler, seeds: torch.Tensor, batch_size: int,
         raise ValueError("cannot presample: there are no seed nodes")
     if hasattr(graph_sampler, "order_seeds"):  # e.g. ClusterSampler
         order = graph_sampler.order_seeds(seeds, seed)
+    elif not shuffle:
+        order = seeds
     else:
         generator = torch.Generator().manual_seed(seed)
         order = seeds[torch.randperm(seeds.numel(), generator=generator)]

@@ -176,6 +176,26 @@ def test_presample_counts_hops(tiny):
     assert int(profile.hop_counts[0].sum()) == 300
 
 
+def test_presample_follows_the_loaders_order(tiny):
+    # A loader without shuffling profiles the batches it will train on:
+    # hop 0 of the first profiled batch is the first 100 seeds.
+    sampler = dgl.dataloading.NeighborSampler(FANOUTS)
+    seeds = tiny.split["train"]
+    first = set(seeds[:100].tolist())
+    hop0 = presample(tiny.graph, sampler, seeds, 100, 1,
+                     shuffle=False).hop_counts[0]
+    assert set(torch.nonzero(hop0).flatten().tolist()) == first
+    hop0 = presample(tiny.graph, sampler, seeds, 100, 1).hop_counts[0]
+    assert set(torch.nonzero(hop0).flatten().tolist()) != first
+    loader = hmgraph.DataLoader(
+        tiny.graph, seeds, sampler, batch_size=100, shuffle=False,
+        cache="presample", host_budget_bytes=400 * 1000, profile_batches=1)
+    profiled = set(torch.nonzero(loader.profile.hop_counts[0]).flatten()
+                   .tolist())
+    assert profiled == first
+    loader.close()
+
+
 def test_loader_with_cluster_sampler_and_layer_aware_cache(tiny, clusters):
     sampler = ClusterSampler(tiny.graph, FANOUTS, clusters, locality=0.5)
     budget = tiny.features.numel() * 4 // 5

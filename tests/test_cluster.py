@@ -59,6 +59,36 @@ def test_blocks_are_valid(tiny, clusters, locality):
             assert torch.equal(clusters[src], clusters[dst])
 
 
+def test_locality_one_matches_weighted_sampling_with_real_edge_ids(
+        tiny, clusters):
+    # locality 1 samples the intra-cluster subgraph uniformly: the same
+    # distribution as DGL's weighted sampler with weights 1 inside, 0
+    # outside, and edge ids that name the graph's own edges.
+    sampler = ClusterSampler(tiny.graph, FANOUTS, clusters, locality=1.0)
+    src, dst = tiny.graph.edges()
+    weight = (clusters[src] == clusters[dst]).float()
+    tiny.graph.edata["_w"] = weight
+    weighted = dgl.dataloading.NeighborSampler(FANOUTS, prob="_w")
+    seeds = sampler.order_seeds(tiny.split["train"], 0)[:256]
+    try:
+        ours = mean_in_degrees(sampler, tiny.graph, seeds)
+        theirs = mean_in_degrees(weighted, tiny.graph, seeds)
+    finally:
+        del tiny.graph.edata["_w"]
+    assert torch.allclose(ours, theirs, rtol=0.02), (ours, theirs)
+    _, _, blocks = sampler.sample(tiny.graph, seeds)
+    for block in blocks:
+        bsrc, bdst = block.edges()
+        eids = block.edata[dgl.EID]
+        gsrc, gdst = tiny.graph.find_edges(eids)
+        assert torch.equal(gsrc, block.srcdata[dgl.NID][bsrc])
+        assert torch.equal(gdst, block.dstdata[dgl.NID][bdst])
+    # Excluded edges (graph ids) never come back.
+    banned = blocks[-1].edata[dgl.EID]
+    _, _, again = sampler.sample(tiny.graph, seeds, exclude_eids=banned)
+    assert not torch.isin(again[-1].edata[dgl.EID], banned).any()
+
+
 def mean_in_degrees(sampler, graph, seeds, repeats=30):
     totals = torch.zeros(len(FANOUTS), dtype=torch.float64)
     for repeat in range(repeats):

@@ -64,13 +64,14 @@ def test_two_servers_two_trainers_match_single_process(
     trainers = result["trainers"]
     assert [t["part"] for t in trainers] == [0, 1]
     for t in trainers:
+        epoch = t["epochs"][0]
         # Features of other parts crossed the network, and were counted.
-        assert t["features"]["remote_rows"] > 0
-        assert t["features"]["remote_bytes"] == \
-            400 * t["features"]["remote_rows"]
-        assert 0 < t["sampling"]["remote_requests"] < t["sampling"][
+        assert epoch["features"]["remote_rows"] > 0
+        assert epoch["features"]["remote_bytes"] == \
+            400 * epoch["features"]["remote_rows"]
+        assert 0 < epoch["sampling"]["remote_requests"] < epoch["sampling"][
             "requests"]
-        cache = t["epochs"][0]["loader"]["cache"]
+        cache = epoch["loader"]["cache"]
         assert cache["hits"].get("device", 0) > 0
     # Every process is gone after a clean finish.
     assert not any(_alive(pid) for pid in pids)

@@ -293,7 +293,8 @@ def format_dist_result(result: dict) -> str:
     """Accuracy and a per-trainer table of a ``train-dist`` result."""
     acc = result["accuracy"]
     lines = [
-        f"valid acc {acc['valid']:.4f}, test acc {acc['test']:.4f} "
+        f"valid acc {acc['valid']:.4f}, test acc {acc['test']:.4f} at "
+        f"epoch {acc['epoch']} "
         f"({result['settings']['trainers']} trainers, "
         f"{result['partition']['num_parts']} parts, "
         f"{result['partition']['method']})",
@@ -305,7 +306,7 @@ def format_dist_result(result: dict) -> str:
     for t in result["trainers"]:
         last = t["epochs"][-1]
         hit = (last["loader"].get("cache") or {}).get("hit_rate", {})
-        feats, samp = t["features"], t["sampling"]
+        feats, samp = last["features"], last["sampling"]
         rows = feats["local_rows"] + feats["remote_rows"]
         lines.append(
             f"| {t['rank']} | {t['part']} | {t['train_vertices']:,} | "

@@ -17,6 +17,9 @@ class SamplingStats:
     requests: int = 0
     remote_requests: int = 0
 
+    def reset(self) -> None:
+        self.requests = self.remote_requests = 0
+
     def as_dict(self) -> dict:
         return asdict(self)
 

@@ -137,10 +137,11 @@ def run_trainer(job: dict, rank: int) -> None:
         seed=job["seed"] + rank,
     )
     log_every = job.get("log_every", 0)
-    epochs = []
+    epochs, best = [], None
     for epoch in range(job["epochs"]):
         loader.set_epoch(epoch)
-        loader.stats.reset()
+        loader.stats.reset()  # resets features.stats too (the bottom tier)
+        sampler.stats.reset()
         model.train()
         began = time.perf_counter()
         total_loss, seen = 0.0, 0
@@ -156,27 +157,33 @@ def run_trainer(job: dict, rank: int) -> None:
                 if log_every and index % log_every == 0:
                     print(f"trainer {rank}: epoch {epoch} batch {index} "
                           f"loss {float(loss):.4f}", flush=True)
-        epochs.append({
+        record = {
             "epoch": epoch,
             "loss": total_loss / max(1, seen),
             "seconds": time.perf_counter() - began,
             "loader": loader.stats.as_dict(),
-        })
-    scores = {}
-    for name, ids in (("valid", valid_ids), ("test", test_ids)):
-        correct, total = _evaluate(model.module, graph, features, labels,
-                                   ids, len(fanouts), lock, device)
-        counts = torch.tensor([correct, total], dtype=torch.float64)
-        dist.all_reduce(counts)
-        scores[name] = float(counts[0] / counts[1]) if counts[1] else 0.0
+            "features": features.stats.as_dict(),
+            "sampling": sampler.stats.as_dict(),
+        }
+        for name, ids in (("valid", valid_ids), ("test", test_ids)):
+            correct, total = _evaluate(model.module, graph, features,
+                                       labels, ids, len(fanouts), lock,
+                                       device)
+            counts = torch.tensor([correct, total], dtype=torch.float64)
+            dist.all_reduce(counts)
+            record[name] = float(counts[0] / counts[1]) if counts[1] else 0.0
+        epochs.append(record)
+        if best is None or record["valid"] > best["valid"]:
+            best = record
+    loader.close()
+    scores = {"valid": best["valid"], "test": best["test"],
+              "epoch": best["epoch"]}
     record = {
         "rank": rank,
         "part": part,
         "train_vertices": int(train_ids.numel()),
         "epochs": epochs,
         "plan": loader.plan.as_dict(),
-        "features": features.stats.as_dict(),
-        "sampling": sampler.stats.as_dict(),
     }
     records = [None] * world
     dist.all_gather_object(records, record)

@@ -77,34 +77,53 @@ def test_two_servers_two_trainers_match_single_process(
     assert not any(_alive(pid) for pid in pids)
 
 
-def test_a_dead_trainer_stops_the_job_with_its_name(parts, tmp_path):
+def _start_and_wait_for_a_batch(parts, tmp_path, trainer: int):
+    """A launcher subprocess, once trainer ``trainer`` has trained."""
     command = [sys.executable, "-m", "hmgraph.cli", "train-dist",
                "--parts-dir", str(parts), "--trainers", "2", "--epochs",
                "3", "--log-every", "1", "--out", str(tmp_path / "run"),
                "--timeout", "300", *WORKLOAD]
     launcher = subprocess.Popen(command, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-    pids, victim = {}, None
+    pids = {}
     for line in launcher.stdout:
         found = re.match(r"started (\w+ \d) \(pid (\d+)\)", line)
         if found:
             pids[found.group(1)] = int(found.group(2))
-        if line.startswith("trainer 1: epoch 0 batch"):
-            victim = pids["trainer 1"]
-            os.kill(victim, signal.SIGKILL)
-            break
-    assert victim is not None, "trainer 1 never reported a batch"
-    killed_at = time.monotonic()
+        if line.startswith(f"trainer {trainer}: epoch 0 batch"):
+            return launcher, pids
+    launcher.kill()
+    pytest.fail(f"trainer {trainer} never reported a batch")
+
+
+def _finish(launcher, seconds=60):
+    began = time.monotonic()
     try:
-        _, err = launcher.communicate(timeout=60)
+        _, err = launcher.communicate(timeout=seconds)
     except subprocess.TimeoutExpired:
         launcher.kill()
-        pytest.fail("the launcher did not exit within 60 s of the kill")
-    assert time.monotonic() - killed_at < 60
+        pytest.fail(f"the launcher did not exit within {seconds} s")
+    assert time.monotonic() - began < seconds
+    return err.strip().splitlines()[-1]
+
+
+def test_a_dead_trainer_stops_the_job_with_its_name(parts, tmp_path):
+    launcher, pids = _start_and_wait_for_a_batch(parts, tmp_path, 1)
+    victim = pids["trainer 1"]
+    os.kill(victim, signal.SIGKILL)
+    last = _finish(launcher)
     assert launcher.returncode == 1
-    last = err.strip().splitlines()[-1]
     assert last == (f"hmgraph train-dist: error: trainer 1 (pid {victim}) "
                     "was killed by SIGKILL; stopped the 3 other processes")
+    assert not any(_alive(pid) for pid in pids.values())
+
+
+def test_ctrl_c_stops_every_process(parts, tmp_path):
+    launcher, pids = _start_and_wait_for_a_batch(parts, tmp_path, 0)
+    launcher.send_signal(signal.SIGINT)
+    last = _finish(launcher)
+    assert launcher.returncode == 130
+    assert last == "hmgraph train-dist: interrupted"
     assert not any(_alive(pid) for pid in pids.values())
 
 

@@ -167,3 +167,41 @@ def test_bad_input_is_one_clear_error(tiny, data_root, tmp_path, capsys):
     assert err[-1].startswith("hmgraph partition: error: --machine-budgets "
                               "lists 1 machines for --parts 2")
     assert not (tmp_path / "x").exists()
+
+
+def test_partition_feature_serves_local_and_remote_rows_exactly(
+        partitions, tiny):
+    """A trainer's bottom tier: its store's rows locally, others remotely.
+
+    The remote side is the whole feature matrix in reshuffled order (what
+    the servers hold together); `DistTensor` indexes the same way.
+    """
+    from contract import check_feature_contract
+
+    from hmgraph.cache.format import open_feature_file
+    from hmgraph.cache.plan import CachePlan, build_cache
+    from hmgraph.distributed.feature import PartitionFeature
+
+    folder = partitions["self-dependence"]
+    _, rows = open_feature_file(tiny.feature_path)
+    orig = np.load(folder / "orig_nids.npy")
+    reshuffled = np.asarray(rows)[orig]
+    remote = torch.from_numpy(reshuffled)
+    local = set(np.load(folder / "part0" / "local_ids.npy").tolist())
+    feature = PartitionFeature(folder / "part0", remote)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, len(reshuffled), 3000)
+    ids[:3] = [0, len(reshuffled) - 1, 0]
+    check_feature_contract(feature, reshuffled, ids)
+    expected_local = sum(int(i) in local for i in ids)
+    assert feature.stats.local_rows == expected_local
+    assert feature.stats.remote_rows == len(ids) - expected_local
+    assert feature.stats.remote_bytes == 400 * feature.stats.remote_rows
+    check_feature_contract(feature, reshuffled, ids[:0])
+    # The coordinated cache on top returns the same rows.
+    plan = CachePlan(policy="lru", num_rows=len(reshuffled), row_bytes=400,
+                     device_rows=200, host_rows=800)
+    cache = build_cache(feature, plan)
+    for _ in range(2):
+        check_feature_contract(cache, reshuffled, ids)
+    feature.close()

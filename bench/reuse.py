@@ -7,9 +7,11 @@ GraphSAGE trains as in ``bench/baseline.py`` (hidden 256, Adam). For each
 seed order
 
 * **shuffled**: the train split in a fresh random order (``shuffle=True``),
-* **cluster**: the train split sorted by METIS part (seeds in id order
-  within a part; ``shuffle=False``), with as many parts as batches, from
-  `dgl.metis_partition_assignment`,
+* **cluster**: the train split in the cluster sampler's seed order
+  (`hmgraph.samplers.cluster.cluster_order`: METIS clusters, as many as
+  batches, from `dgl.metis_partition_assignment`, shuffled and taken four
+  at a time, the seeds of a group shuffled together; ``shuffle=False``),
+  sampled with the same ``NeighborSampler``,
 
 it runs four `hmgraph.DataLoader` configurations (prefetch 2), in this
 order:
@@ -80,8 +82,12 @@ from hmgraph import datasets  # noqa: E402
 from hmgraph.cache.budget import parse_budget  # noqa: E402
 from hmgraph.cache.format import atomic_path  # noqa: E402
 from hmgraph.models import build_model  # noqa: E402
+from hmgraph.samplers.cluster import cluster_order  # noqa: E402
 
 SEED = 0
+#: Clusters mixed into the same batches, as training's cluster sampler
+#: (``hmgraph train --group-size``, default 4).
+CLUSTER_GROUP_SIZE = 4
 MODEL = "sage"
 HIDDEN = 256
 DROPOUT = 0.5
@@ -384,11 +390,10 @@ def load_parts(dataset, metis: dict, num_parts: int):
     return parts
 
 
-def cluster_order(train: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
-    """Train seeds sorted by part id, in id order within a part."""
-    train = train.sort().values
-    by_part = torch.sort(parts[train], stable=True).indices
-    return train[by_part]
+def cluster_seed_order(train: torch.Tensor, parts: torch.Tensor
+                       ) -> torch.Tensor:
+    """Train seeds in the cluster sampler's order (groups of clusters)."""
+    return cluster_order(train, parts, CLUSTER_GROUP_SIZE, SEED)
 
 
 def part_summary(train: torch.Tensor, parts: torch.Tensor,
@@ -413,7 +418,7 @@ def order_seeds(dataset, args, order: str, parts) -> torch.Tensor:
     keep = None if args.max_batches is None else \
         args.max_batches * args.batch_size
     if order == "cluster":
-        seeds = cluster_order(train, parts)
+        seeds = cluster_seed_order(train, parts)
         return seeds if keep is None else seeds[:keep]
     if keep is None or keep >= train.numel():
         return train
@@ -715,10 +720,11 @@ def markdown_report(result: dict) -> str:
         f"threads, {env['cpu_count']} CPUs, training on {c['device']}."
     )
     notes = (
-        "Device memory: the reuse buffers the plan reserved (levels x "
-        "rows x row bytes) or the static cache's device rows; the static "
-        "cache (`presample`, no reuse) gets exactly the two-level run's "
-        "buffer bytes of the same seed order. H2D: bytes of rows not "
+        "Device memory: what the plan reserved for batch reuse (levels x "
+        "rows x row bytes, plus its id table of 8 bytes per node) or the "
+        "static cache's device rows; the static cache (`presample`, no "
+        "reuse) gets exactly the two-level run's reuse bytes of the same "
+        "seed order. H2D: bytes of rows not "
         "served on the device (reused or cached), i.e. that cross from "
         "host to device. Storage: bytes read from the feature file in the "
         "epoch (O_DIRECT pages); the static cache's fill at construction "
@@ -728,8 +734,9 @@ def markdown_report(result: dict) -> str:
         "(`storage.rows_read` in the JSON). Reuse %: "
         "rows copied from the reuse buffers over the batches' unique "
         "input rows. Dup-detect: seconds batch reuse spent finding "
-        "duplicates (unique ids, `searchsorted` against the buffers' ids, "
-        "keeping the buffers' ids; wall time in the fetch thread, which "
+        "duplicates (one gather of the batch's ids from the device id "
+        "table, one scatter to store them; wall time in the fetch thread, "
+        "which "
         "overlaps training) over the epoch's wall time; copying the reused "
         "rows is timed apart (`reuse_stats.copy_seconds` in the JSON). "
         "Epoch seconds exclude the loader's construction (profiling, plan, "

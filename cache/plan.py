@@ -20,7 +20,7 @@ import torch
 from hmgraph.cache.coordinated import FeatureCache, Layer
 from hmgraph.cache.feature import Feature
 from hmgraph.cache.policies import POLICIES, make_policy
-from hmgraph.cache.reuse import reuse_profile
+from hmgraph.cache.reuse import TABLE_BYTES_PER_ROW, reuse_profile
 from hmgraph.cache.slots import SlotStore
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,12 @@ class CachePlan:
     def as_dict(self) -> dict:
         """The plan as JSON-ready data, derived sizes included."""
         record = asdict(self)
+        table = self.num_rows * TABLE_BYTES_PER_ROW if self.reuse_levels \
+            else 0
         record.update(
-            reuse_bytes=self.reuse_levels * self.reuse_rows * self.row_bytes,
+            reuse_bytes=self.reuse_levels * self.reuse_rows * self.row_bytes
+            + table,
+            reuse_table_bytes=table,
             device_bytes=self.device_rows * self.row_bytes,
             host_bytes=self.host_rows * self.row_bytes,
             device_static_rows=self.device_static_rows,
@@ -132,10 +136,11 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
     window : int
         Lookahead batches (``hmgraph``).
     reuse_levels : int
-        Batch reuse levels (0, 1, 2). Their buffers come out of the device
-        budget first, sized from the profiled trace (the largest batch,
-        and for two levels the largest set of rows the next batch did not
-        share); the cache's device tier gets what is left.
+        Batch reuse levels (0, 1, 2). Their id table (8 bytes per node)
+        and buffers come out of the device budget first, the buffers sized
+        from the profiled trace (the largest batch, and for two levels the
+        largest set of rows the next batch did not share); the cache's
+        device tier gets what is left.
 
     Returns
     -------
@@ -153,6 +158,15 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
         if not trace:
             raise ValueError("batch reuse needs a profiled trace to size "
                              "its buffers")
+        table = num_rows * TABLE_BYTES_PER_ROW
+        if device_budget_bytes < table:
+            raise ValueError(
+                f"batch reuse needs {table} bytes of device memory for its "
+                f"id table ({TABLE_BYTES_PER_ROW} per node) besides its "
+                f"buffers; the device budget is {device_budget_bytes} "
+                f"bytes: raise it"
+            )
+        device_rows = (device_budget_bytes - table) // row_bytes
         profile = reuse_profile(trace, reuse_levels)
         reuse_rows = min(max(profile["rows_per_level"]),
                          device_rows // reuse_levels)

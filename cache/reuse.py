@@ -21,12 +21,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hmgraph.cache.feature import Feature, check_ids, unique_sorted
+from hmgraph.cache.feature import Feature, check_ids
 
-__all__ = ["REUSE_LEVELS", "BatchReuse", "ReuseStats", "member",
-           "reuse_profile"]
+__all__ = ["REUSE_LEVELS", "TABLE_BYTES_PER_ROW", "BatchReuse",
+           "ReuseStats", "member", "reuse_profile"]
 
 REUSE_LEVELS = {"none": 0, "one-level": 1, "two-level": 2}
+#: Device bytes of the id table per node (batch counter and position).
+TABLE_BYTES_PER_ROW = 8
+_NEVER = -(2**31)  # the batch counter of rows never stored
+_WRAP = 2**31 - 4  # restart the counter (and clear the table) here
 
 
 def member(ids: torch.Tensor, sorted_ids: torch.Tensor):
@@ -88,14 +92,14 @@ class ReuseStats:
     Attributes
     ----------
     rows_requested : int
-        Unique input rows asked.
+        Input rows asked (DGL's input nodes are unique).
     reused : dict of str to int
         Rows copied on the device from each level (``level1``, ``level2``).
     bytes_saved : int
         Bytes that did not cross to the device (or come from storage).
     seconds : float
-        Time spent finding duplicates (unique, ``searchsorted``, keeping
-        the buffers' ids).
+        Time spent finding duplicates (looking the ids up in the table,
+        storing the new batch's ids in it).
     copy_seconds : float
         Time spent copying reused rows on the device.
     """
@@ -162,22 +166,32 @@ class BatchReuse(Feature):
         self.dtype = inner.dtype
         self.device = inner.device
         self.stats = ReuseStats()
+        # Per node: the batch it was last stored in, and its row there.
+        self._batch_of = torch.empty(self.num_rows, dtype=torch.int32,
+                                     device=self.device)
+        self._row_of = torch.zeros(self.num_rows, dtype=torch.int32,
+                                   device=self.device)
         self.reset()
 
     def reset(self) -> None:
         """Forget the buffered batches."""
-        empty_ids = torch.zeros(0, dtype=torch.int64, device=self.device)
-        empty_rows = torch.zeros((0, *self.row_shape), dtype=self.dtype,
-                                 device=self.device)
-        # Each level: sorted ids, a row tensor, and each id's row in it.
-        self._last = (empty_ids, empty_rows, empty_ids)
-        self._older = (empty_ids, empty_rows, empty_ids)
+        self._batch_of.fill_(_NEVER)
+        self._batch = 0
+        empty = torch.zeros((0, *self.row_shape), dtype=self.dtype,
+                            device=self.device)
+        self._rows = [empty, empty]  # the last batch's, the one before's
+
+    @property
+    def table_bytes(self) -> int:
+        """Device bytes of the id table."""
+        return self.num_rows * TABLE_BYTES_PER_ROW
 
     @property
     def nbytes(self) -> int:
-        """Device bytes held by the buffers now (shared tensors once)."""
-        tensors = {id(rows): rows for _, rows, _ in (self._last, self._older)}
-        return sum(t.numel() * t.element_size() for t in tensors.values())
+        """Device bytes held now: row buffers (shared once) and the table."""
+        tensors = {id(rows): rows for rows in self._rows}
+        return self.table_bytes + sum(
+            t.numel() * t.element_size() for t in tensors.values())
 
     def read(self, ids, future: Sequence[torch.Tensor] = ()) -> torch.Tensor:
         """See `Feature.read`; ``future`` is passed to the inner feature."""
@@ -185,51 +199,52 @@ class BatchReuse(Feature):
 
     def _read(self, ids, future=()) -> torch.Tensor:
         detect = time.perf_counter()
-        # (1) Unique sorted ids, on the device.
-        unique, inverse = unique_sorted(ids.to(self.device))
-        pending = torch.ones(unique.numel(), dtype=torch.bool,
+        ids = ids.to(self.device)
+        # (1) In which batch each id was last stored, and where.
+        batch_of = self._batch_of[ids]
+        row_of = self._row_of[ids].long()
+        pending = torch.ones(ids.numel(), dtype=torch.bool,
                              device=self.device)
-        # (2) Which ids the last batch, then the one before, hold.
         hits = []
-        for held_ids, rows, index in (self._last, self._older)[
-                : self.levels]:
-            where = pending.nonzero().squeeze(1)
-            found, position = member(unique[where], held_ids)
-            where = where[found]
-            pending[where] = False
-            hits.append((where, rows, index[position]))
+        for age in range(1, self.levels + 1):
+            found = batch_of == self._batch - age
+            where = found.nonzero().squeeze(1)
+            pending &= ~found
+            hits.append((where, self._rows[age - 1], row_of[where]))
         self.stats.seconds += time.perf_counter() - detect
-        # (3) Copy those rows on the device.
+        # (2) Copy those rows on the device.
         copy = time.perf_counter()
-        out = torch.empty((unique.numel(), *self.row_shape),
+        out = torch.empty((ids.numel(), *self.row_shape),
                           dtype=self.dtype, device=self.device)
         for level, (where, rows, index) in enumerate(hits, start=1):
             out[where] = rows[index]
             self.stats.reused[f"level{level}"] += where.numel()
             self.stats.bytes_saved += where.numel() * self.row_bytes
         self.stats.copy_seconds += time.perf_counter() - copy
-        # (4) The rest from the cache below.
+        # (3) The rest from the cache below.
         rest = pending.nonzero().squeeze(1)
         if rest.numel():
-            out[rest] = self.inner.read(unique[rest].cpu(), future).to(
+            out[rest] = self.inner.read(ids[rest].cpu(), future).to(
                 self.device)
-        # (5) Keep this batch, and (by reference, no copy) the rows of the
-        # last batch that this one did not share.
+        # (4) Keep this batch (its first `capacity_rows` rows); the last
+        # batch's rows become the older level, by reference.
         detect = time.perf_counter()
-        if self.levels == 2:
-            last_ids, last_rows, last_index = self._last
-            shared, _ = member(last_ids, unique)
-            keep = (~shared).nonzero().squeeze(1)[: self.capacity_rows]
-            self._older = (last_ids[keep], last_rows, last_index[keep])
-        kept = min(unique.numel(), self.capacity_rows)
-        rows = out if kept == unique.numel() else out[:kept].clone()
-        self._last = (unique[:kept], rows,
-                      torch.arange(kept, device=self.device))
-        self.stats.rows_requested += unique.numel()
+        kept = min(ids.numel(), self.capacity_rows)
+        self._batch_of[ids[:kept]] = self._batch
+        self._row_of[ids[:kept]] = torch.arange(
+            kept, dtype=torch.int32, device=self.device)
+        rows = out if kept == ids.numel() else out[:kept].clone()
+        self._rows = [rows, self._rows[0] if self.levels == 2 else rows[:0]]
+        self._batch += 1
+        if self._batch >= _WRAP:
+            self._batch_of.fill_(_NEVER)
+            self._batch = 0
+            self._rows = [rows[:0], rows[:0]]
+        self.stats.rows_requested += ids.numel()
         self.stats.seconds += time.perf_counter() - detect
         # A copy: the caller may write into its batch; the buffer must not
         # change with it.
-        return out.clone() if inverse is None else out[inverse]
+        return out.clone()
 
     def close(self) -> None:
         """Close the inner feature."""

@@ -37,7 +37,7 @@ from hmgraph.cache.format import atomic_path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ClusterSampler", "metis_clusters"]
+__all__ = ["ClusterSampler", "cluster_order", "metis_clusters"]
 
 _WEIGHT_KEY = "_hmgraph_locality"
 
@@ -86,6 +86,40 @@ def metis_clusters(graph, num_clusters: int,
             with open(tmp, "wb") as f:
                 np.save(f, parts.numpy())
     return parts
+
+
+def cluster_order(seeds: torch.Tensor, clusters: torch.Tensor,
+                  group_size: int, seed: int,
+                  num_clusters: int | None = None) -> torch.Tensor:
+    """Seeds grouped by cluster, clusters in a seeded random order.
+
+    Clusters are shuffled and taken ``group_size`` at a time; the seeds of
+    a group are shuffled together, so consecutive batches draw their seeds
+    from one group of clusters.
+
+    Parameters
+    ----------
+    seeds : torch.Tensor
+        Seed ids (int64).
+    clusters : torch.Tensor
+        Cluster id per node.
+    group_size : int
+        Clusters per group (>= 1).
+    seed : int
+        Seed of the generator (``seed + epoch`` for an epoch).
+    num_clusters : int, optional
+        Default ``clusters.max() + 1``.
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if num_clusters is None:
+        num_clusters = int(clusters.max()) + 1 if clusters.numel() else 0
+    generator = torch.Generator().manual_seed(seed)
+    cluster_rank = torch.randperm(num_clusters, generator=generator)
+    within = torch.randperm(seeds.numel(), generator=generator)
+    shuffled = seeds[within]
+    group = cluster_rank[clusters[shuffled]] // group_size
+    return shuffled[torch.argsort(group, stable=True)]
 
 
 class ClusterSampler(NeighborSampler):
@@ -181,9 +215,7 @@ class ClusterSampler(NeighborSampler):
     def order_seeds(self, seeds: torch.Tensor, seed: int) -> torch.Tensor:
         """Seeds grouped by cluster, clusters in a seeded random order.
 
-        Clusters are shuffled and taken ``group_size`` at a time; the seeds
-        of a group are shuffled together, so consecutive batches draw their
-        seeds from one group of clusters.
+        See `cluster_order`, with this sampler's clusters and group size.
 
         Parameters
         ----------
@@ -192,12 +224,8 @@ class ClusterSampler(NeighborSampler):
         seed : int
             Seed of the generator (``seed + epoch`` for an epoch).
         """
-        generator = torch.Generator().manual_seed(seed)
-        cluster_rank = torch.randperm(self.num_clusters, generator=generator)
-        within = torch.randperm(seeds.numel(), generator=generator)
-        shuffled = seeds[within]
-        group = cluster_rank[self.clusters[shuffled]] // self.group_size
-        return shuffled[torch.argsort(group, stable=True)]
+        return cluster_order(seeds, self.clusters, self.group_size, seed,
+                             self.num_clusters)
 
     def __repr__(self) -> str:
         return (f"ClusterSampler(fanouts={self.fanouts}, clusters="

@@ -26,8 +26,11 @@ A second table repeats ``self-dependence`` and ``hierarchy`` on machines
 of unequal budgets (``--unequal-budgets``, default 40%,20%,20%,20%), where
 hierarchy's balancing of hot bytes against budgets shows.
 
-Profiles (the replicas' ranking, the fast tiers' contents, the hot set) are
-one epoch of presampling with seed 0; the measured epoch uses seed 1.
+The replicas and hierarchy's hot set are ranked by each part's expected
+reads (`hmgraph.samplers.presample.expected_reads`, the closed form of
+one epoch's sampling); the fast tiers are filled from one epoch of
+presampling with seed 0, as the cache's profile is; the measured epoch
+uses seed 1.
 
 Target: ``self-dependence`` moves at most 0.5x METIS's remote feature
 bytes at a replication factor of at most 1.5.
@@ -67,7 +70,10 @@ from hmgraph.cache.budget import parse_budget  # noqa: E402
 from hmgraph.cache.format import atomic_path, read_manifest  # noqa: E402
 from hmgraph.partition import METHODS, assign, partition_stats  # noqa: E402
 from hmgraph.samplers.cluster import metis_clusters  # noqa: E402
-from hmgraph.samplers.presample import presample  # noqa: E402
+from hmgraph.samplers.presample import (  # noqa: E402
+    expected_reads,
+    presample,
+)
 
 REMOTE_RATIO_MAX = 0.5
 REPLICATION_MAX = 1.5
@@ -120,7 +126,8 @@ def run_method(dataset, method, args, budgets, row_bytes, clusters,
 
     began = time.perf_counter()
     assignment = assign(
-        graph, args.parts, method, train_ids=train_ids, profile=profile,
+        graph, args.parts, method, train_ids=train_ids,
+        profile=lambda seeds: expected_reads(graph, seeds, args.fanouts),
         clusters=clusters, replication=args.replication, budgets=budgets,
         row_bytes=row_bytes, seed=0)
     assign_seconds = time.perf_counter() - began

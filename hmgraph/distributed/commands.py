@@ -136,6 +136,7 @@ def make_partitions(args, progress=None) -> dict:
         write_partitions,
     )
     from hmgraph.samplers.cluster import metis_clusters
+    from hmgraph.samplers.presample import expected_reads
 
     dataset = load(args.dataset, args.root)
     graph = dataset.graph
@@ -160,7 +161,7 @@ def make_partitions(args, progress=None) -> dict:
     began = time.perf_counter()
     assignment = assign(
         graph, args.parts, args.method, train_ids=train_ids,
-        profile=_profile_fn(graph, sampler, args.batch_size, args.seed),
+        profile=lambda seeds: expected_reads(graph, seeds, args.fanouts),
         clusters=clusters, replication=args.replication, budgets=budgets,
         row_bytes=row_bytes, seed=args.seed,
     )

@@ -1,16 +1,24 @@
 """Batch reuse (BRGraph): rows of recent batches kept on the device.
 
 Adjacent mini-batches share many input rows. `BatchReuse` keeps the last
-batch's unique input ids and rows on the training device (one level) and,
-with two levels, also the rows of the batch before it that the last batch
-did not share. For a new batch it finds the ids it shares with them using
-sorted ids and ``torch.searchsorted`` on the device (no Python loop, no
-round trip of the ids to the host), copies those rows on the device, and
-asks the feature cache below only for the rest.
+batch's input rows on the training device (one level) and, with two
+levels, also the rows of the batch before it that the last batch did not
+share. For a new batch it copies the rows they hold on the device and asks
+the feature cache below only for the rest.
+
+Finding the shared ids is hash-free, sort-free and vectorised on the
+device: a table of two int32 per node says in which batch each row was
+last stored (a batch counter) and where in that batch's row tensor. A
+batch's ids are looked up with one gather; storing a batch is one
+scatter. There is no Python loop and no round trip of the ids to the host,
+and a row stored by the last batch is, by construction, not counted in the
+older one: the table holds each row's latest batch only. The table takes
+8 bytes per node of device memory, which the plan charges to the device
+budget (`TABLE_BYTES_PER_ROW`).
 
 The buffers hold at most ``capacity_rows`` rows per level: a batch larger
-than that keeps only its first ``capacity_rows`` unique rows for reuse, so
-the device memory they take never exceeds what the plan reserved.
+than that keeps only its first ``capacity_rows`` rows for reuse, so the
+device memory they take never exceeds what the plan reserved.
 """
 
 from __future__ import annotations

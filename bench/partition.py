@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import sys
@@ -71,8 +70,8 @@ from hmgraph.cache.format import atomic_path, read_manifest  # noqa: E402
 from hmgraph.partition import METHODS, assign, partition_stats  # noqa: E402
 from hmgraph.samplers.cluster import metis_clusters  # noqa: E402
 from hmgraph.samplers.presample import (  # noqa: E402
+    epoch_counts,
     expected_reads,
-    presample,
 )
 
 REMOTE_RATIO_MAX = 0.5
@@ -120,9 +119,7 @@ def run_method(dataset, method, args, budgets, row_bytes, clusters,
     train_ids = dataset.split["train"]
 
     def profile(seeds):
-        batches = math.ceil(seeds.numel() / args.batch_size)
-        return presample(graph, sampler, seeds, args.batch_size, batches,
-                         seed=0).counts
+        return epoch_counts(graph, sampler, seeds, args.batch_size, seed=0)
 
     began = time.perf_counter()
     assignment = assign(

@@ -129,6 +129,7 @@ def write_partitions(graph, assignment, out_dir: str | os.PathLike,
         new_of_orig = torch.empty_like(orig_nids)
         new_of_orig[orig_nids] = torch.arange(num_nodes)
         node_map, edge_map, inner_edges = [], [], 0
+        local_rows_per_part = []
         metadata = {
             "graph_name": graph_name,
             "num_nodes": num_nodes,
@@ -158,10 +159,17 @@ def write_partitions(graph, assignment, out_dir: str | os.PathLike,
             owned_orig = part.ndata["orig_id"][inner]
             folder = work / f"part{index}"
             folder.mkdir()
+            # The part's store (owned + replicated rows, by reshuffled id)
+            # is read once; its owned rows are a slice of it.
+            local_orig = assignment.local_ids(index)
+            local_new, order = torch.sort(new_of_orig[local_orig])
+            local_rows = np.ascontiguousarray(
+                _rows(features, local_orig[order].numpy()))
+            local_rows_per_part.append(local_new.numel())
             feats = {f"_N/{name}": data[owned_orig]
                      for name, data in node_data.items()}
-            feats["_N/feat"] = torch.from_numpy(np.ascontiguousarray(
-                _rows(features, owned_orig.numpy())))
+            owned_at = torch.searchsorted(local_new, new_ids).numpy()
+            feats["_N/feat"] = torch.from_numpy(local_rows[owned_at])
             save_tensors(str(folder / "node_feat.dgl"), feats)
             save_tensors(str(folder / "edge_feat.dgl"), {})
             del part.ndata["orig_id"]
@@ -181,12 +189,8 @@ def write_partitions(graph, assignment, out_dir: str | os.PathLike,
                 "part_graph": f"part{index}/graph.dgl",
             }
             # hmgraph's local feature store: owned + replicated rows.
-            local_orig = assignment.local_ids(index)
-            local_new, order = torch.sort(new_of_orig[local_orig])
-            local_orig = local_orig[order]
             np.save(folder / "local_ids.npy", local_new.numpy())
-            write_feature_file(folder / "feat.bin",
-                               _rows(features, local_orig.numpy()))
+            write_feature_file(folder / "feat.bin", local_rows)
         with open(work / f"{graph_name}.json", "w") as f:
             json.dump(metadata, f, indent=4)
         np.save(work / "orig_nids.npy", orig_nids.numpy())
@@ -199,8 +203,7 @@ def write_partitions(graph, assignment, out_dir: str | os.PathLike,
             "halo_hops": num_hops,
             "settings": assignment.info,
             "replication_factor": assignment.replication_factor(),
-            "local_rows": [int(assignment.local_ids(p).numel())
-                           for p in range(num_parts)],
+            "local_rows": local_rows_per_part,
             "stats": stats or {},
             **(extra or {}),
         }

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Profile", "expected_reads", "presample"]
+__all__ = ["Profile", "epoch_counts", "expected_reads", "presample"]
 
 
 @dataclass
@@ -115,6 +115,20 @@ def presample(graph, graph_sampler, seeds: torch.Tensor, batch_size: int,
                                         torch.tensor(depth))
         hop_counts[hop, input_nodes] += 1
     return Profile(counts=counts, hop_counts=hop_counts, trace=trace)
+
+
+def epoch_counts(graph, graph_sampler, seeds: torch.Tensor, batch_size: int,
+                 seed: int = 0) -> torch.Tensor:
+    """Reads per row in one whole epoch over ``seeds`` (`presample`).
+
+    Returns
+    -------
+    torch.Tensor
+        int64 (num_nodes,): `Profile.counts` of all the epoch's batches.
+    """
+    batches = -(-seeds.numel() // batch_size)
+    return presample(graph, graph_sampler, seeds, batch_size, batches,
+                     seed=seed).counts
 
 
 def expected_reads(graph, seeds: torch.Tensor, fanouts) -> torch.Tensor:

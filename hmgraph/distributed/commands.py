@@ -94,18 +94,6 @@ def add_parsers(commands) -> None:
                       help="output folder (default runs/dist-PARTS)")
 
 
-def _profile_fn(graph, sampler, batch_size: int, seed: int):
-    """``profile(seeds) -> counts``: one epoch of presampling."""
-    from hmgraph.samplers.presample import presample
-
-    def profile(seeds: torch.Tensor) -> torch.Tensor:
-        batches = math.ceil(seeds.numel() / batch_size)
-        return presample(graph, sampler, seeds, batch_size, batches,
-                         seed=seed).counts
-
-    return profile
-
-
 def _machine_budgets(args, num_parts: int, feature_bytes: int) -> list[int]:
     from hmgraph.cache.budget import parse_budget
 
@@ -136,7 +124,7 @@ def make_partitions(args, progress=None) -> dict:
         write_partitions,
     )
     from hmgraph.samplers.cluster import metis_clusters
-    from hmgraph.samplers.presample import expected_reads
+    from hmgraph.samplers.presample import epoch_counts, expected_reads
 
     dataset = load(args.dataset, args.root)
     graph = dataset.graph
@@ -171,7 +159,8 @@ def make_partitions(args, progress=None) -> dict:
         stats = partition_stats(
             graph, assignment, sampler, train_ids, args.batch_size,
             row_bytes, budgets=budgets,
-            profile=_profile_fn(graph, sampler, args.batch_size, args.seed),
+            profile=lambda seeds: epoch_counts(
+                graph, sampler, seeds, args.batch_size, args.seed),
             seed=args.seed + 1, progress=progress,
         )
     node_data = {"label": dataset.labels.long()}

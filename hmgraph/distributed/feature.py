@@ -36,8 +36,7 @@ class RemoteStats:
     remote_requests: int = 0
 
     def reset(self) -> None:
-        self.local_rows = self.remote_rows = 0
-        self.remote_bytes = self.remote_requests = 0
+        self.__init__()
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -160,9 +160,6 @@ def launch(parts_dir: str | os.PathLike, trainers: int, settings: dict, *,
             log(f"started {workers[-1].label}")
         _watch(servers, workers, timeout, log)
         result = json.loads(Path(job["result"]).read_text())
-    except KeyboardInterrupt:
-        _stop(servers + workers)
-        raise
     finally:
         _stop(servers + workers)
         _remove_shared_memory(f"hmg{os.getpid()}m")

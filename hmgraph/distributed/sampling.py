@@ -18,7 +18,7 @@ class SamplingStats:
     remote_requests: int = 0
 
     def reset(self) -> None:
-        self.requests = self.remote_requests = 0
+        self.__init__()
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -59,17 +59,12 @@ def run_server(job: dict, rank: int) -> None:
     server.start()
 
 
-def _owned(part_dir: Path, name: str):
-    from dgl.data.utils import load_tensors
-
-    return load_tensors(str(part_dir / "node_feat.dgl"))[f"_N/{name}"]
-
-
 def run_trainer(job: dict, rank: int) -> None:
     import dgl
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+    from dgl.data.utils import load_tensors
     from dgl.distributed import DistGraph, load_partition_book
     from torch.nn.parallel import DistributedDataParallel
 
@@ -103,15 +98,18 @@ def run_trainer(job: dict, rank: int) -> None:
     start = int(job["node_map"][part][0])
     lock = threading.Lock()
 
+    # The part's own vertices' tensors (DGL's node_feat.dgl), read once.
+    owned = load_tensors(str(part_dir / "node_feat.dgl"))
+
     def mine(mask_name):
-        mask = _owned(part_dir, mask_name).bool()
+        mask = owned[f"_N/{mask_name}"].bool()
         ids = torch.nonzero(mask).flatten() + start
         return ids[local_rank::per_part]
 
     train_ids, valid_ids, test_ids = (
         mine("train_mask"), mine("valid_mask"), mine("test_mask"))
     features = PartitionFeature(part_dir, graph.ndata["feat"], lock)
-    labels = PartLabels(_owned(part_dir, "label").long(), start,
+    labels = PartLabels(owned["_N/label"].long(), start,
                         graph.ndata["label"], lock)
     fanouts = job["fanouts"]
     sampler = LockedNeighborSampler(fanouts, lock, gpb, part)

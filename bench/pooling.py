@@ -33,7 +33,13 @@ os.environ.setdefault("OUTDATED_IGNORE", "1")
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = REPO.parent / "shared" / "data"
 DATASETS = ["MUTAG", "PROTEINS", "NCI1", "ENZYMES"]
-MODELS = ["hap", "gin", "topk", "sagpool", "diffpool"]
+MODELS = ["hap", "hap-sum", "gin", "gin-mean", "topk", "sagpool",
+          "diffpool"]
+# Configurations of one model: on every fold the one with the best
+# validation accuracy (ties: lower validation loss, then the first listed)
+# is the model's pick, scored on that fold's test set (Errica et al.'s
+# selection on an inner hold-out). A model alone is its own family.
+FAMILIES = {"hap": ["hap", "hap-sum"], "gin": ["gin", "gin-mean"]}
 # Relative cost of one epoch (measured on 2 cores), to start big jobs first.
 COST = {"NCI1": 8.0, "PROTEINS": 3.0, "ENZYMES": 1.5, "MUTAG": 0.3}
 
@@ -114,12 +120,54 @@ def _cell(summary, metric_scale=100.0):
             f"{summary['test_std'] * metric_scale:.2f}")
 
 
+def family_of(model):
+    """The family (`FAMILIES`) a configuration belongs to."""
+    return next((f for f, members in FAMILIES.items() if model in members),
+                model)
+
+
+def select_on_validation(records):
+    """Per (dataset, family): each fold's pick among the family's runs.
+
+    Returns
+    -------
+    dict
+        ``{(dataset, family): {"summary": ..., "picks": {model: folds}}}``
+        with the summary (`hmgraph.classify.summarize`) over the folds'
+        picks; folds are those every configuration of the family ran.
+    """
+    from hmgraph.classify import summarize
+
+    groups = {}
+    for r in records:
+        groups.setdefault((r["dataset"], family_of(r["model"])), []).append(r)
+    out = {}
+    for key, runs in groups.items():
+        order = FAMILIES.get(key[1], [key[1]])
+        runs.sort(key=lambda r: order.index(r["model"]))
+        folds = min(len(r["folds"]) for r in runs)
+        picks, chosen = {}, []
+        for fold in range(folds):
+            best = max(runs, key=lambda r: (
+                r["folds"][fold]["valid"], -r["folds"][fold]["valid_loss"],
+                -order.index(r["model"])))
+            chosen.append(best["folds"][fold])
+            picks[best["model"]] = picks.get(best["model"], 0) + 1
+        out[key] = {"summary": summarize(chosen), "picks": picks}
+    return out
+
+
 def targets(records, datasets, models):
-    """Per dataset: the best model and HAP's margin to the best other."""
+    """Per dataset: the best model and HAP's margin to the best other.
+
+    Models are compared by their per-fold picks on validation
+    (`select_on_validation`); a family of one run is that run.
+    """
+    selected = select_on_validation(records)
     out = {}
     for dataset in datasets:
-        means = {r["model"]: r["summary"]["test_mean"] for r in records
-                 if r["dataset"] == dataset}
+        means = {family: v["summary"]["test_mean"]
+                 for (d, family), v in selected.items() if d == dataset}
         if "hap" not in means or len(means) < 2:
             continue
         best_other = max((m for m in means if m != "hap"),
@@ -154,22 +202,46 @@ def markdown(report) -> str:
         f"Adam lr {config['lr']}, batch {config['batch_size']}, hidden "
         f"{config['hidden']}, at most {config['epochs']} epochs, 3 levels, "
         f"seed {config['seed']}.",
-        "",
-        "| model | " + " | ".join(datasets) + " |",
-        "|---|" + "---:|" * len(datasets),
     ]
-    for model in models:
-        cells = []
-        for dataset in datasets:
-            record = by_key.get((dataset, model))
-            cell = _cell(record["summary"] if record else None)
-            if record and record["summary"]["folds_run"] < config["folds"]:
-                cell += f" ({record['summary']['folds_run']} folds)"
-            best = report["targets"]["per_dataset"].get(dataset, {})
-            if best.get("best") == model:
-                cell = f"**{cell}**"
-            cells.append(cell)
-        lines.append(f"| {model} | " + " | ".join(cells) + " |")
+    selected = {(s["dataset"], s["model"]): s
+                for s in report.get("selected", [])}
+    families = list(dict.fromkeys(family_of(m) for m in models))
+    choose = len(families) < len(models)
+
+    def table(rows, lookup, bold):
+        out = ["", "| model | " + " | ".join(datasets) + " |",
+               "|---|" + "---:|" * len(datasets)]
+        for row in rows:
+            cells = []
+            for dataset in datasets:
+                entry = lookup.get((dataset, row))
+                cell = _cell(entry["summary"] if entry else None)
+                if entry and entry["summary"]["folds_run"] < config["folds"]:
+                    cell += f" ({entry['summary']['folds_run']} folds)"
+                if entry and len(entry.get("picks", {})) > 1:
+                    cell += " (" + ", ".join(
+                        f"{m} {n}" for m, n in entry["picks"].items()) + ")"
+                best = report["targets"]["per_dataset"].get(dataset, {})
+                if bold and best.get("best") == row:
+                    cell = f"**{cell}**"
+                cells.append(cell)
+            out.append(f"| {row} | " + " | ".join(cells) + " |")
+        return out
+
+    if choose:
+        lines += ["", "Every configuration (one fixed setting each):"]
+    lines += table(models, by_key, bold=not choose)
+    if choose:
+        lines += ["", "Models compared (the target's table): on every "
+                  "fold each model's configuration with the best "
+                  "validation accuracy (ties: lower validation loss) is "
+                  "scored on that fold's test set, as in Errica et al.'s "
+                  "selection on an inner hold-out; "
+                  + "; ".join(f"{f}: {', '.join(FAMILIES[f])}"
+                              for f in families if f in FAMILIES)
+                  + "; the others have one configuration. In brackets: "
+                  "folds won by each configuration."]
+        lines += table(families, selected, bold=True)
     limited = {d: n for d, n in config["folds_run"].items()
                if n < config["folds"]}
     if limited:
@@ -228,6 +300,71 @@ def markdown(report) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write(report, out):
+    """Targets, picks and both files (JSON, markdown), atomically."""
+    from hmgraph.cache.format import atomic_path
+
+    config = report["config"]
+    report["targets"] = targets(report["records"], config["datasets"],
+                                config["models"])
+    report["selected"] = [
+        {"dataset": d, "model": f, **v} for (d, f), v in
+        select_on_validation(report["records"]).items()]
+    with atomic_path(out) as tmp:
+        tmp.write_text(json.dumps(report, indent=1))
+    with atomic_path(out.with_suffix(".md")) as tmp:
+        tmp.write_text(markdown(report))
+
+
+SETTINGS = ("folds", "epochs", "patience", "batch_size", "hidden", "lr",
+            "seed")
+
+
+def merge(paths):
+    """One report from runs of the same protocol (other models or data).
+
+    Raises
+    ------
+    SystemExit
+        Runs whose protocol settings or folds run differ, or that ran the
+        same (dataset, model) pair.
+    """
+    reports = [json.loads(Path(p).read_text()) for p in paths]
+    base = reports[0]
+    merged = {"config": dict(base["config"]), "records": [],
+              "note": base.get("note", ""),
+              "environment": base.get("environment", {}),
+              "wall_seconds": 0.0, "merged_from": [str(p) for p in paths]}
+    config, seen = merged["config"], set()
+    config["datasets"], config["models"] = [], []
+    for path, report in zip(paths, reports, strict=True):
+        for key in SETTINGS:
+            if report["config"][key] != base["config"][key]:
+                raise SystemExit(
+                    f"{path}: {key}={report['config'][key]!r} differs from "
+                    f"{paths[0]}'s {base['config'][key]!r}; only runs of "
+                    f"one protocol can be merged")
+        for dataset, folds in report["config"]["folds_run"].items():
+            if config["folds_run"].setdefault(dataset, folds) != folds:
+                raise SystemExit(
+                    f"{path}: {dataset} ran {folds} folds, another run "
+                    f"{config['folds_run'][dataset]}; merge needs equal folds")
+        for record in report["records"]:
+            pair = (record["dataset"], record["model"])
+            if pair in seen:
+                raise SystemExit(f"{path}: {pair[0]} {pair[1]} is in more "
+                                 f"than one run; merge each pair once")
+            seen.add(pair)
+            merged["records"].append(record)
+        for key in ("datasets", "models"):
+            config[key] += [v for v in report["config"][key]
+                            if v not in config[key]]
+        merged["wall_seconds"] += report.get("wall_seconds", 0.0)
+    order = {m: i for i, m in enumerate(MODELS)}
+    config["models"].sort(key=lambda m: order.get(m, len(order)))
+    return merged
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", default=",".join(DATASETS))
@@ -252,6 +389,9 @@ def main(argv=None) -> int:
     parser.add_argument("--render", action="store_true",
                         help="only rewrite the markdown from --out's JSON "
                         "(with --note, if given)")
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="only merge runs of one protocol (other models "
+                        "or datasets) into --out and render it")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: MUTAG, 2 folds of 10, 3 epochs, "
                         "output /tmp/pooling_quick.json")
@@ -260,23 +400,18 @@ def main(argv=None) -> int:
         args.datasets, args.max_folds, args.epochs = "MUTAG", "2", 3
         args.out = "/tmp/pooling_quick.json"
     sys.path.insert(0, str(REPO))
-    from hmgraph.cache.format import atomic_path
-
-    if args.render:
-        report = json.loads(Path(args.out).read_text())
+    if args.render or args.merge:
+        report = merge(args.merge) if args.merge else json.loads(
+            Path(args.out).read_text())
         report["note"] = args.note or report.get("note", "")
-        with atomic_path(Path(args.out)) as tmp:
-            tmp.write_text(json.dumps(report, indent=1))
-        with atomic_path(Path(args.out).with_suffix(".md")) as tmp:
-            tmp.write_text(markdown(report))
+        write(report, Path(args.out))
+        print(markdown(report))
         return 0
     datasets, models = args.datasets.split(","), args.models.split(",")
     folds_run = _max_folds(args.max_folds, args.folds)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    config = {k: getattr(args, k) for k in (
-        "folds", "epochs", "patience", "batch_size", "hidden", "lr", "seed",
-        "workers", "root")}
+    config = {k: getattr(args, k) for k in (*SETTINGS, "workers", "root")}
     config.update(datasets=datasets, models=models, folds_run={
         d: min(folds_run(d), args.folds) for d in datasets})
     report = {"config": config, "records": [], "note": args.note,
@@ -288,12 +423,8 @@ def main(argv=None) -> int:
     start = time.perf_counter()
 
     def save():
-        report["targets"] = targets(report["records"], datasets, models)
         report["wall_seconds"] = time.perf_counter() - start
-        with atomic_path(out) as tmp:
-            tmp.write_text(json.dumps(report, indent=1))
-        with atomic_path(out.with_suffix(".md")) as tmp:
-            tmp.write_text(markdown(report))
+        write(report, out)
 
     with ProcessPoolExecutor(args.workers,
                              mp_context=get_context("spawn")) as pool:

@@ -74,10 +74,11 @@ def record_levels(monkeypatch):
 def expected_sizes(name, model, sizes):
     """Nodes per graph at each pooled level, by the model's rule."""
     out, sizes = [], torch.tensor(sizes)
-    for level in range(model.num_levels - (name in ("diffpool", "hap"))):
+    for level in range(model.num_levels
+                       - (name in ("diffpool", "hap", "hap-sum"))):
         if name in ("topk", "sagpool"):
             sizes = torch.ceil(model.ratio * sizes.double()).long()
-        elif name == "hap":
+        elif name.startswith("hap"):
             sizes = model.moas[level].cluster_counts(sizes)
         else:  # diffpool: every graph has every cluster
             sizes = torch.full_like(sizes, model.cluster_counts[level])
@@ -210,7 +211,7 @@ def test_auxiliary_loss(name):
     model(*make_batch())
     aux = model.auxiliary_loss
     assert aux.dim() == 0 and torch.isfinite(aux)
-    if name in ("diffpool", "hap"):
+    if name in ("diffpool", "hap", "hap-sum"):
         assert aux.requires_grad and float(aux) > 0
     else:
         assert float(aux) == 0.0

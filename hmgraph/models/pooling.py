@@ -71,7 +71,11 @@ words only; the choices made where the description is silent, and why:
    concatenated, summed over levels (SAGPool_h / gPool's hierarchical
    readout), then a 3-layer MLP classifier with dropout. All hierarchical
    baselines here use the same readout and classifier, so differences
-   come from the pooling.
+   come from the pooling. ``hap-sum`` (``input_sum=True``) also
+   concatenates the *sum* of the input level's rows: mean and max forget
+   how many nodes carry a pattern, the sum keeps the counts (GIN's
+   argument for injective readouts, Xu et al. 2019), and counts are what
+   the coarsened levels' means and the super-node counts blur.
 
 Baselines, in the same harness:
 
@@ -623,14 +627,16 @@ class HAP(_GraphClassifier):
     ``content_weight`` x the mean GCont stability loss. See the module
     docstring for every choice and `_GraphClassifier` for parameters;
     ``max_clusters`` bounds super-nodes per graph at the first coarsening
-    (``ratio`` of it at the next).
+    (``ratio`` of it at the next); ``input_sum`` adds the input level's sum
+    readout to the embedding (choice 7).
     """
 
     default_ratio = 0.25
 
     def __init__(self, in_feats, hidden_feats, num_classes, num_levels=3,
                  dropout=0.5, ratio=None, max_nodes=None, max_clusters=32,
-                 content_weight=0.1):
+                 content_weight=0.1, input_sum=False):
+        self.input_sum = bool(input_sum)
         super().__init__(in_feats, hidden_feats, num_classes, num_levels,
                          dropout, ratio, max_nodes)
         if not isinstance(max_clusters, numbers.Integral) or max_clusters < 1:
@@ -647,10 +653,14 @@ class HAP(_GraphClassifier):
             self.convs.append(GINConv(hidden_feats, hidden_feats,
                                       batch_norm=False, normalized=True))
 
+    def _embed_width(self):
+        return (3 if self.input_sum else 2) * self.hidden_feats
+
     def _embed(self, level, x):
         for conv in self.input_convs:
             x = F.relu(conv(level, x))
         total, stability = level.readout(x), 0.0
+        counts = level.readout(x, "sum") if self.input_sum else None
         for moa, conv in zip(self.moas, self.convs, strict=True):
             level, x, loss = moa(level, x)
             stability = stability + loss
@@ -659,11 +669,12 @@ class HAP(_GraphClassifier):
         if self.moas:
             self.auxiliary_loss = (self.content_weight * stability
                                    / len(self.moas))
-        return total
+        return total if counts is None else torch.cat([counts, total], -1)
 
 
 POOLING_MODELS = {
     "hap": HAP,
+    "hap-sum": lambda *args, **kwargs: HAP(*args, input_sum=True, **kwargs),
     "gin": GIN,
     "gin-mean": lambda *args, **kwargs: GIN(*args, readout="mean", **kwargs),
     "topk": TopKPool,
@@ -681,7 +692,7 @@ def build_pooling_model(name, in_feats, hidden_feats, num_classes,
     ----------
     name : str
         One of ``"diffpool"``, ``"gin"``, ``"gin-mean"``, ``"hap"``,
-        ``"sagpool"``, ``"topk"``.
+        ``"hap-sum"``, ``"sagpool"``, ``"topk"``.
     in_feats, hidden_feats, num_classes, num_levels, dropout, ratio
         See `_GraphClassifier`; ``ratio=None`` takes the model's default
         (0.25 for HAP and DiffPool, 0.5 for TopK and SAGPool).

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from hmgraph.classify import summarize
+
 SPEC = importlib.util.spec_from_file_location(
     "bench_pooling", Path(__file__).resolve().parents[1] / "bench" /
     "pooling.py")
@@ -15,10 +17,10 @@ SPEC.loader.exec_module(bench)
 
 def record(dataset, model, folds):
     """A run whose folds are ``(valid, valid_loss, test)`` triples."""
+    folds = [{"valid": v, "valid_loss": loss, "test": t, "epochs_run": 10,
+              "seconds": 1.0} for v, loss, t in folds]
     return {"dataset": dataset, "model": model, "wall_seconds": 1.0,
-            "folds": [{"valid": v, "valid_loss": loss, "test": t,
-                       "epochs_run": 10, "seconds": 1.0}
-                      for v, loss, t in folds]}
+            "folds": folds, "summary": summarize(folds)}
 
 
 def test_each_fold_picks_the_best_validation_configuration():
@@ -41,6 +43,11 @@ def test_each_fold_picks_the_best_validation_configuration():
     assert t["per_dataset"]["D"]["best_other"] == "gin"
     assert t["per_dataset"]["D"]["margin_points"] == pytest.approx(
         100 * ((0.80 / 3) - 0.40))
+    # Without selection: hap (mean test 0.6) and hap-sum (0.43) each
+    # against gin (0.4), the only non-HAP configuration.
+    fixed = t["fixed"]
+    assert fixed["hap"]["wins"] == 1 and fixed["hap-sum"]["wins"] == 1
+    assert fixed["hap"]["margins"]["D"] == pytest.approx(20.0)
 
 
 def test_full_tie_keeps_the_first_listed_configuration():

@@ -74,8 +74,8 @@ words only; the choices made where the description is silent, and why:
    come from the pooling. ``hap-sum`` (``input_sum=True``) also
    concatenates the *sum* of the input level's rows: mean and max forget
    how many nodes carry a pattern, the sum keeps the counts (GIN's
-   argument for injective readouts, Xu et al. 2019), and counts are what
-   the coarsened levels' means and the super-node counts blur.
+   argument for injective readouts, Xu et al. 2019), and the coarsened
+   levels, built from weighted means, do not keep them either.
 
 Baselines, in the same harness:
 

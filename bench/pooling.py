@@ -436,6 +436,8 @@ def main(argv=None) -> int:
         args.datasets, args.max_folds, args.epochs = "MUTAG", "2", 3
         args.out = "/tmp/pooling_quick.json"
     sys.path.insert(0, str(REPO))
+    from hmgraph.distributed.worker import watch_parent
+
     if args.render or args.merge:
         report = merge(args.merge) if args.merge else json.loads(
             Path(args.out).read_text())
@@ -462,8 +464,10 @@ def main(argv=None) -> int:
         report["wall_seconds"] = time.perf_counter() - start
         write(report, out)
 
-    with ProcessPoolExecutor(args.workers,
-                             mp_context=get_context("spawn")) as pool:
+    # Workers stop with this process, even when it is killed outright.
+    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"),
+                             initializer=watch_parent,
+                             initargs=(os.getpid(),)) as pool:
         futures = {}
         for dataset, model in jobs:
             settings = {"folds": args.folds,

@@ -32,11 +32,15 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["main", "watch_parent"]
 
 
-def _watch_parent(parent: int) -> None:
-    """Exit at once when the launcher (``parent``) is gone."""
+def watch_parent(parent: int) -> None:
+    """Exit at once when the process ``parent`` (the launcher) is gone.
+
+    A daemon thread polls the parent pid twice a second, so a worker whose
+    launcher was killed does not run on alone.
+    """
     def watch():
         while True:
             if os.getppid() != parent:
@@ -220,7 +224,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     role, job_path, rank = argv[0], argv[1], int(argv[2])
     job = json.loads(Path(job_path).read_text())
-    _watch_parent(job["launcher_pid"])
+    watch_parent(job["launcher_pid"])
     os.environ["DGL_DIST_MODE"] = "distributed"
     os.environ["DGL_NUM_SERVER"] = "1"
     os.environ["DGL_NUM_SAMPLER"] = "0"

@@ -157,13 +157,13 @@ def select_on_validation(records):
     return out
 
 
-def targets(records, datasets, models):
+def targets(records, datasets, selected):
     """Per dataset: the best model and HAP's margin to the best other.
 
     Models are compared by their per-fold picks on validation
-    (`select_on_validation`); a family of one run is that run.
+    (``selected``, from `select_on_validation`); a family of one run is
+    that run.
     """
-    selected = select_on_validation(records)
     out = {}
     for dataset in datasets:
         means = {family: v["summary"]["test_mean"]
@@ -340,12 +340,11 @@ def write(report, out):
     """Targets, picks and both files (JSON, markdown), atomically."""
     from hmgraph.cache.format import atomic_path
 
-    config = report["config"]
-    report["targets"] = targets(report["records"], config["datasets"],
-                                config["models"])
-    report["selected"] = [
-        {"dataset": d, "model": f, **v} for (d, f), v in
-        select_on_validation(report["records"]).items()]
+    selected = select_on_validation(report["records"])
+    report["targets"] = targets(report["records"],
+                                report["config"]["datasets"], selected)
+    report["selected"] = [{"dataset": d, "model": f, **v}
+                          for (d, f), v in selected.items()]
     with atomic_path(out) as tmp:
         tmp.write_text(json.dumps(report, indent=1))
     with atomic_path(out.with_suffix(".md")) as tmp:
@@ -367,11 +366,12 @@ def merge(paths):
     """
     reports = [json.loads(Path(p).read_text()) for p in paths]
     base = reports[0]
-    merged = {"config": dict(base["config"]), "records": [],
+    config = dict(base["config"], folds_run=dict(base["config"]["folds_run"]))
+    merged = {"config": config, "records": [],
               "note": base.get("note", ""),
               "environment": base.get("environment", {}),
               "wall_seconds": 0.0, "merged_from": [str(p) for p in paths]}
-    config, seen = merged["config"], set()
+    seen = set()
     config["datasets"], config["models"] = [], []
     for path, report in zip(paths, reports, strict=True):
         for key in SETTINGS:

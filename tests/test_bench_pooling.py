@@ -39,7 +39,7 @@ def test_each_fold_picks_the_best_validation_configuration():
     assert hap["summary"]["test_mean"] == pytest.approx(
         (0.50 + 0.10 + 0.20) / 3)
     assert selected[("D", "gin")]["picks"] == {"gin": 3}
-    t = bench.targets(records, ["D"], ["hap", "hap-sum", "gin"])
+    t = bench.targets(records, ["D"], selected)
     assert t["per_dataset"]["D"]["best_other"] == "gin"
     assert t["per_dataset"]["D"]["margin_points"] == pytest.approx(
         100 * ((0.80 / 3) - 0.40))

@@ -636,7 +636,7 @@ class HAP(_GraphClassifier):
     def __init__(self, in_feats, hidden_feats, num_classes, num_levels=3,
                  dropout=0.5, ratio=None, max_nodes=None, max_clusters=32,
                  content_weight=0.1, input_sum=False):
-        self.input_sum = bool(input_sum)
+        self.input_sum = bool(input_sum)  # read by _embed_width below
         super().__init__(in_feats, hidden_feats, num_classes, num_levels,
                          dropout, ratio, max_nodes)
         if not isinstance(max_clusters, numbers.Integral) or max_clusters < 1:

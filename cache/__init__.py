@@ -4,10 +4,16 @@ The ground floor of hmgraph: imports nothing else of the project.
 """
 
 from hmgraph.cache.budget import check_available, format_bytes, parse_budget
-from hmgraph.cache.coordinated import CacheStats, FeatureCache, Layer
+from hmgraph.cache.coordinated import (
+    CacheStats,
+    FeatureCache,
+    FrozenView,
+    Layer,
+)
 from hmgraph.cache.feature import Feature, TensorFeature, check_ids
 from hmgraph.cache.format import (
     FeatureFileError,
+    FeatureFileWriter,
     open_feature_file,
     read_manifest,
     write_feature_file,
@@ -24,6 +30,8 @@ __all__ = [
     "Feature",
     "FeatureCache",
     "FeatureFileError",
+    "FeatureFileWriter",
+    "FrozenView",
     "Layer",
     "Policy",
     "SlotStore",

@@ -11,8 +11,12 @@ import re
 
 import torch
 
-__all__ = ["available_bytes", "check_available", "format_bytes",
-           "parse_budget"]
+__all__ = ["HOST_RESERVE_BYTES", "auto_host_budget", "available_bytes",
+           "check_available", "format_bytes", "parse_budget"]
+
+#: Host memory `auto_host_budget` leaves free for Python, torch, DGL's
+#: sampling buffers and the page cache's working set.
+HOST_RESERVE_BYTES = 2 << 30
 
 _UNITS = {
     "": 1, "b": 1,
@@ -98,3 +102,28 @@ def check_available(name: str, budget_bytes: int, device) -> None:
             f"{name} budget {format_bytes(budget_bytes)} exceeds the "
             f"{format_bytes(free)} available on {torch.device(device)}"
         )
+
+
+def auto_host_budget(feature_bytes: int, working_bytes: int,
+                     reserve_bytes: int = HOST_RESERVE_BYTES,
+                     available: int | None = None) -> int:
+    """The host tier's budget that fits this machine now.
+
+    What is free (after the graph is loaded), less the run's working set
+    (batches in flight, evaluation buffers, a CPU device tier) and a
+    reserve, never more than the feature bytes nor less than 0.
+
+    Parameters
+    ----------
+    feature_bytes : int
+        Bytes of all feature rows (a larger budget would hold nothing).
+    working_bytes : int
+        Memory the run needs besides the host tier.
+    reserve_bytes : int
+        Kept free; default `HOST_RESERVE_BYTES` (2 GiB).
+    available : int, optional
+        Free host memory; default `available_bytes("cpu")`.
+    """
+    free = available_bytes("cpu") if available is None else available
+    return int(max(0, min(feature_bytes,
+                          free - working_bytes - reserve_bytes)))

@@ -30,7 +30,7 @@ from hmgraph.cache.feature import Feature, check_ids, unique_sorted
 from hmgraph.cache.policies import Policy
 from hmgraph.cache.slots import SlotStore
 
-__all__ = ["CacheStats", "FeatureCache", "Layer"]
+__all__ = ["CacheStats", "FeatureCache", "FrozenView", "Layer"]
 
 _WARM_CHUNK_ROWS = 1 << 16
 
@@ -252,3 +252,51 @@ class FeatureCache(Feature):
     def __repr__(self) -> str:
         stores = ", ".join(repr(s) for s in self.stores)
         return f"FeatureCache([{stores}] over {self.source!r})"
+
+
+class FrozenView(Feature):
+    """Reads through a `FeatureCache` that leave it exactly as it was.
+
+    Hits are served from the stores, misses read from the cache's source;
+    no policy sees the ids and nothing is admitted or evicted, so an
+    evaluation pass does not disturb what training has cached. Counters
+    go to this view's own `CacheStats`.
+
+    Parameters
+    ----------
+    cache : FeatureCache
+        The cache to read through; rows come back on its device.
+    """
+
+    def __init__(self, cache: FeatureCache):
+        self.cache = cache
+        self.num_rows = cache.num_rows
+        self.row_shape = cache.row_shape
+        self.dtype = cache.dtype
+        self.device = cache.device
+        self.stats = CacheStats()
+
+    def _read(self, ids: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        unique, inverse = unique_sorted(ids)
+        out = torch.empty((unique.numel(), *self.row_shape),
+                          dtype=self.dtype, device=self.device)
+        pending = torch.arange(unique.numel())
+        for store in self.cache.stores:
+            slots = store.slots(unique[pending])
+            found = slots >= 0
+            if found.any():
+                out[pending[found].to(self.device)] = store.gather(
+                    slots[found]).to(self.device)
+                _add(self.stats.hits, store.name, int(found.sum()))
+                pending = pending[~found]
+        if pending.numel():
+            out[pending.to(self.device)] = self.cache.source.read(
+                unique[pending]).to(self.device)
+            _add(self.stats.bytes, "storage->host",
+                 self.row_bytes * pending.numel())
+        _add(self.stats.hits, "source", pending.numel())
+        self.stats.requests += 1
+        self.stats.rows_requested += unique.numel()
+        self.stats.seconds += time.perf_counter() - start
+        return out if inverse is None else out[inverse.to(self.device)]

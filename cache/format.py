@@ -33,6 +33,7 @@ __all__ = [
     "DATA_OFFSET",
     "PAGE_BYTES",
     "FeatureFileError",
+    "FeatureFileWriter",
     "FeatureManifest",
     "atomic_path",
     "open_feature_file",
@@ -124,14 +125,6 @@ def _bytes_of(rows: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(rows).reshape(-1).view(np.uint8)
 
 
-def _crc32(rows: np.ndarray) -> str:
-    view = _bytes_of(rows)
-    crc = 0
-    for start in range(0, len(view), _CHUNK_BYTES):
-        crc = zlib.crc32(view[start:start + _CHUNK_BYTES], crc)
-    return f"crc32:{crc:08x}"
-
-
 class atomic_path:
     """Context manager yielding a temporary path renamed onto ``path``.
 
@@ -171,6 +164,127 @@ class atomic_path:
             os.close(dir_fd)
 
 
+class FeatureFileWriter:
+    """Write a feature file chunk by chunk, never holding all rows.
+
+    Rows are appended in order with `write`; the CRC-32 is computed on the
+    way and the manifest is written into the header when the last row has
+    arrived. The file is built under a temporary name in the destination's
+    folder and renamed only by a successful `close` (or a ``with`` block
+    that ends without error), so a killed or failed writer leaves nothing
+    that `read_manifest` accepts under ``path``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Destination. An existing file is replaced only once the new one is
+        complete and fsynced.
+    shape : tuple of int
+        ``(num_rows, *row_shape)`` of the whole matrix.
+    dtype : str or numpy.dtype
+        Element type, one of the supported dtypes.
+
+    Examples
+    --------
+    >>> with FeatureFileWriter("feat.bin", (n, 128), "float32") as out:
+    ...     for start in range(0, n, 65536):   # doctest: +SKIP
+    ...         out.write(make_rows(start, min(start + 65536, n)))
+    """
+
+    def __init__(self, path: str | os.PathLike, shape, dtype):
+        shape = tuple(int(s) for s in shape)
+        dtype = np.dtype(dtype)
+        if len(shape) < 2 or min(shape) < 0:
+            raise FeatureFileError(
+                f"feature rows must be at least 2-D (rows, features) with "
+                f"sizes >= 0; got shape {shape}"
+            )
+        if dtype.name not in _SUPPORTED_DTYPES:
+            raise FeatureFileError(
+                f"unsupported feature dtype {dtype.name}; "
+                f"supported: {', '.join(_SUPPORTED_DTYPES)}"
+            )
+        self.shape = shape
+        self.dtype = dtype
+        self.rows_written = 0
+        #: The manifest, once `close` has written it.
+        self.manifest: FeatureManifest | None = None
+        self._crc = 0
+        self._atomic = atomic_path(path)
+        self._file = open(self._atomic.__enter__(), "wb")
+        self._file.seek(DATA_OFFSET)
+
+    def write(self, rows: np.ndarray) -> None:
+        """Append ``rows`` (shape ``(k, *row_shape)``, the file's dtype)."""
+        if hasattr(rows, "numpy"):
+            rows = rows.detach().cpu().numpy()
+        rows = np.asarray(rows)
+        if rows.dtype != self.dtype or tuple(rows.shape[1:]) != \
+                self.shape[1:] or rows.ndim != len(self.shape):
+            raise FeatureFileError(
+                f"chunk of {rows.dtype.name} rows of shape "
+                f"{tuple(rows.shape)} does not fit a file of "
+                f"{self.dtype.name} rows of shape {self.shape}"
+            )
+        if self.rows_written + len(rows) > self.shape[0]:
+            raise FeatureFileError(
+                f"{self.rows_written + len(rows)} rows written to a file "
+                f"of {self.shape[0]} rows"
+            )
+        view = _bytes_of(rows)
+        for start in range(0, len(view), _CHUNK_BYTES):
+            part = view[start:start + _CHUNK_BYTES]
+            self._crc = zlib.crc32(part, self._crc)
+            self._file.write(part)
+        self.rows_written += len(rows)
+
+    def close(self) -> FeatureManifest:
+        """Write the manifest, fsync and rename into place.
+
+        Raises
+        ------
+        FeatureFileError
+            If fewer rows than ``shape[0]`` were written (the temporary file
+            is removed).
+        """
+        if self.rows_written != self.shape[0]:
+            self.abort()
+            raise FeatureFileError(
+                f"feature file {self._atomic.path} got {self.rows_written} "
+                f"of its {self.shape[0]} rows"
+            )
+        manifest = FeatureManifest(
+            shape=self.shape, dtype=self.dtype.name,
+            checksum=f"crc32:{self._crc:08x}",
+        )
+        header = manifest.to_json().encode()
+        if len(MAGIC) + 4 + len(header) > DATA_OFFSET:
+            self.abort()
+            raise FeatureFileError(f"manifest too long: {len(header)} bytes")
+        self._file.truncate(manifest.file_bytes)
+        self._file.seek(0)
+        self._file.write(MAGIC + struct.pack("<I", len(header)) + header)
+        self._file.close()
+        self._atomic.__exit__(None, None, None)
+        self.manifest = manifest
+        return manifest
+
+    def abort(self) -> None:
+        """Drop the temporary file; ``path`` is left as it was."""
+        if not self._file.closed:
+            self._file.close()
+        self._atomic.tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> FeatureFileWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
 def write_feature_file(
     path: str | os.PathLike, rows: np.ndarray
 ) -> FeatureManifest:
@@ -183,7 +297,8 @@ def write_feature_file(
         complete and fsynced.
     rows : numpy.ndarray
         At least 2-D; the first axis indexes rows. A torch tensor is
-        accepted through ``numpy()``.
+        accepted through ``numpy()``. See `FeatureFileWriter` to write a
+        matrix that does not fit in memory.
 
     Returns
     -------
@@ -192,34 +307,15 @@ def write_feature_file(
     """
     if hasattr(rows, "numpy"):
         rows = rows.detach().cpu().numpy()
-    rows = np.ascontiguousarray(rows)
+    rows = np.asarray(rows)
     if rows.ndim < 2:
         raise FeatureFileError(
             f"feature rows must be at least 2-D (rows, features); "
             f"got shape {tuple(rows.shape)}"
         )
-    if rows.dtype.name not in _SUPPORTED_DTYPES:
-        raise FeatureFileError(
-            f"unsupported feature dtype {rows.dtype.name}; "
-            f"supported: {', '.join(_SUPPORTED_DTYPES)}"
-        )
-    manifest = FeatureManifest(
-        shape=tuple(int(s) for s in rows.shape),
-        dtype=rows.dtype.name,
-        checksum=_crc32(rows),
-    )
-    header = manifest.to_json().encode()
-    if len(MAGIC) + 4 + len(header) > DATA_OFFSET:
-        raise FeatureFileError(f"manifest too long: {len(header)} bytes")
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + struct.pack("<I", len(header)) + header)
-            f.seek(DATA_OFFSET)
-            view = _bytes_of(rows)
-            for start in range(0, len(view), _CHUNK_BYTES):
-                f.write(view[start:start + _CHUNK_BYTES])
-            f.truncate(manifest.file_bytes)
-    return manifest
+    with FeatureFileWriter(path, rows.shape, rows.dtype) as out:
+        out.write(rows)
+    return out.manifest
 
 
 def read_manifest(path: str | os.PathLike) -> FeatureManifest:
@@ -311,11 +407,20 @@ def verify_feature_file(path: str | os.PathLike) -> FeatureManifest:
         When the rows do not match the manifest's checksum.
     """
     manifest = read_manifest(path)
-    rows = np.memmap(
-        path, dtype=np.uint8, mode="r", offset=manifest.data_offset,
-        shape=(manifest.data_bytes,),
-    ) if manifest.data_bytes else np.zeros(0, np.uint8)
-    actual = _crc32(rows)
+    # Plain reads into one reused buffer: a memmap would leave the whole
+    # file mapped into this process (and counted in its RSS).
+    crc, left = 0, manifest.data_bytes
+    buffer = bytearray(min(_CHUNK_BYTES, max(left, 1)))
+    with open(path, "rb", buffering=0) as f:
+        f.seek(manifest.data_offset)
+        while left:
+            view = memoryview(buffer)[:min(left, len(buffer))]
+            got = f.readinto(view)
+            if not got:
+                break
+            crc = zlib.crc32(view[:got], crc)
+            left -= got
+    actual = f"crc32:{crc:08x}"
     if actual != manifest.checksum:
         raise FeatureFileError(
             f"feature file {path} fails its checksum: manifest says "

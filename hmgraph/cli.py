@@ -114,6 +114,12 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--device", default="cpu",
                        help="cpu, cuda or cuda:N")
     train.add_argument("--eval-every", type=_positive_int, default=1)
+    train.add_argument("--eval", default="auto",
+                       choices=["auto", "layerwise", "sampled"],
+                       help="full-neighbour layer-wise inference on every "
+                       "node, or the training fanouts on valid and test "
+                       "nodes (auto: layer-wise unless features on disk "
+                       "exceed the cache)")
     train.add_argument("--out", default=None,
                        help="output folder (default runs/DATASET-MODEL)")
     sampling = train.add_argument_group("sampling")
@@ -138,8 +144,11 @@ def _build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--device-budget", default="0",
                        help="device tier memory: 512MB, 2GB or 5%% of the "
                        "feature bytes")
-    cache.add_argument("--host-budget", default="0",
-                       help="host tier memory, same forms")
+    cache.add_argument("--host-budget", default="auto",
+                       help="host tier memory, same forms, or auto "
+                       "(default: with features on disk, what is free "
+                       "after the graph, the working set and 2 GiB; "
+                       "with features in memory, 0)")
     cache.add_argument("--features-on", default="memory",
                        choices=["memory", "disk"],
                        help="rows in memory, or read from the feature file "
@@ -286,7 +295,7 @@ def _train_command(args) -> int:
         dropout=args.dropout, lr=args.lr, weight_decay=args.weight_decay,
         num_heads=args.num_heads, epochs=args.epochs, runs=args.runs,
         seed=args.seed, device=args.device, eval_every=args.eval_every,
-        out=args.out or f"runs/{args.dataset}-{args.model}",
+        eval=args.eval, out=args.out or f"runs/{args.dataset}-{args.model}",
         cache=args.cache, device_budget=args.device_budget,
         host_budget=args.host_budget, features_on=args.features_on,
         prefetch=args.prefetch, window=args.window,

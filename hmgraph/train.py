@@ -57,6 +57,18 @@ class TrainConfig:
         Cache policy (``hmgraph``, ``presample``, ...); None: no cache.
     device_budget, host_budget : str
         ``"512MB"``, ``"2GB"`` or a share of the feature bytes (``"5%"``).
+        ``host_budget="auto"`` (the default) sizes the host tier from the
+        free memory after the graph, less the run's working set and a
+        2 GiB reserve, with features on disk; 0 with features in memory.
+    eval : str
+        ``"layerwise"``: full-neighbour layer-wise inference over every
+        node (rows in node-id order, chunk by chunk; on disk through the
+        cache without changing it). ``"sampled"``: the training fanouts
+        over the validation and test nodes only, as DGL's out-of-core
+        examples evaluate; the train metric is then the epoch's running
+        accuracy. ``"auto"``: layer-wise unless features are on disk and
+        the host tier cannot hold them all (layer-wise inference reads
+        every row about once per in-edge).
     features_on : str
         ``"memory"`` (rows in RAM) or ``"disk"`` (the feature file, read
         with O_DIRECT by the storage tier).
@@ -89,8 +101,9 @@ class TrainConfig:
     out: str = "runs/latest"
     cache: str | None = None
     device_budget: str = "0"
-    host_budget: str = "0"
+    host_budget: str = "auto"
     features_on: str = "memory"
+    eval: str = "auto"
     prefetch: int = 2
     window: int = 4
     profile_batches: int = 32
@@ -135,8 +148,13 @@ def train(config: TrainConfig, dataset=None) -> dict:
 
     from hmgraph import datasets
 
+    if config.eval not in ("auto", "layerwise", "sampled"):
+        raise ValueError(f"eval must be auto, layerwise or sampled, got "
+                         f"{config.eval!r}")
     if dataset is None:
-        dataset = datasets.load(config.dataset, config.root, config.verify)
+        dataset = datasets.load(config.dataset, config.root, config.verify,
+                                features_on=config.features_on,
+                                progress=config.progress)
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint_path = out / "checkpoint.pt"
@@ -146,12 +164,14 @@ def train(config: TrainConfig, dataset=None) -> dict:
     device = torch.device(config.device)
     dataset, sampler = _make_sampler(config, dataset)
     log.info("%s", dataset)
-    loader = _make_loader(config, dataset, sampler, device)
+    loader, memory = _make_loader(config, dataset, sampler, device)
+    eval_mode = _eval_mode(config, dataset, loader)
+    log.info("evaluation: %s", eval_mode)
     metric = dataset.evaluator.eval_metric
     try:
         for run in range(len(completed), config.runs):
             record = _train_run(config, dataset, loader, run, state, device,
-                                checkpoint_path, completed)
+                                checkpoint_path, completed, eval_mode)
             completed.append(record)
             state = None
     finally:
@@ -161,6 +181,8 @@ def train(config: TrainConfig, dataset=None) -> dict:
         "dataset": repr(dataset),
         "metric": metric,
         "plan": loader.plan.as_dict(),
+        "eval": eval_mode,
+        "memory": dict(memory, peak_rss_bytes=peak_rss_bytes()),
         "runs": completed,
         "summary": summarize(completed),
     }
@@ -205,22 +227,54 @@ def _make_sampler(config, dataset):
     return dataset, sampler
 
 
-def _make_loader(config, dataset, sampler, device) -> DataLoader:
-    """The training loader with the cache and feature source asked for."""
-    from hmgraph.cache.budget import check_available, parse_budget
+def _make_loader(config, dataset, sampler, device):
+    """The training loader with the cache and feature source asked for.
+
+    Returns the loader and a record of the memory it was sized with:
+    graph bytes, feature bytes, working set and the budgets in bytes.
+    """
+    from hmgraph.cache.budget import (
+        auto_host_budget,
+        available_bytes,
+        check_available,
+        format_bytes,
+        parse_budget,
+    )
 
     if config.features_on not in ("memory", "disk"):
         raise ValueError(f"features_on must be 'memory' or 'disk', got "
                          f"{config.features_on!r}")
-    feature_bytes = dataset.features.numel() * \
-        dataset.features.element_size()
+    disk = config.features_on == "disk"
+    feature_bytes = dataset.feature_bytes
     device_budget = parse_budget(config.device_budget, feature_bytes)
-    host_budget = parse_budget(config.host_budget, feature_bytes)
     check_available("device", device_budget, device)
-    check_available("host", host_budget, "cpu")
-    features = dataset.feature_path if config.features_on == "disk" \
-        else dataset.features
-    return DataLoader(
+    working = working_set_bytes(config, dataset, sampler, device_budget,
+                                device)
+    if str(config.host_budget).strip().lower() == "auto":
+        host_budget = auto_host_budget(feature_bytes, working) if disk else 0
+    else:
+        host_budget = parse_budget(config.host_budget, feature_bytes)
+        free = available_bytes("cpu")
+        if disk and host_budget + working > free:
+            raise ValueError(
+                f"host budget {format_bytes(host_budget)} plus the run's "
+                f"working set {format_bytes(working)} exceeds the "
+                f"{format_bytes(free)} available; use at most "
+                f"{format_bytes(max(0, free - working))} or --host-budget "
+                f"auto"
+            )
+        check_available("host", host_budget, "cpu")
+    memory = {"graph_bytes": dataset.graph_bytes,
+              "feature_bytes": feature_bytes, "working_set_bytes": working,
+              "device_budget_bytes": device_budget,
+              "host_budget_bytes": host_budget}
+    log.info("memory: graph %s, features %s (%s), working set %s, device "
+             "budget %s, host budget %s", format_bytes(memory["graph_bytes"]),
+             format_bytes(feature_bytes), config.features_on,
+             format_bytes(working), format_bytes(device_budget),
+             format_bytes(host_budget))
+    features = dataset.feature_path if disk else dataset.features
+    loader = DataLoader(
         dataset.graph, dataset.split["train"], sampler, features=features,
         labels=dataset.labels, batch_size=config.batch_size, shuffle=True,
         device=device, seed=config.seed, cache=config.cache,
@@ -229,10 +283,110 @@ def _make_loader(config, dataset, sampler, device) -> DataLoader:
         profile_batches=config.profile_batches, reuse=config.reuse,
         placement=config.placement,
     )
+    return loader, memory
+
+
+_WORKING_SET_BATCHES = 4
+
+
+def working_set_bytes(config, dataset, sampler, device_budget: int,
+                      device) -> int:
+    """Host memory a run needs besides the graph and the host tier.
+
+    The rows of the batches in flight (the largest input count of a few
+    sampled batches, times ``prefetch + 2``: batches queued, the one being
+    fetched and the one training), the layer-wise evaluation buffers (two
+    layers' outputs for every node) and, on a CPU device, the device tier.
+    """
+    seeds = dataset.split["train"]
+    generator = torch.Generator().manual_seed(config.seed)
+    order = seeds[torch.randperm(seeds.numel(), generator=generator)]
+    most = 0
+    for index in range(_WORKING_SET_BATCHES):
+        batch = order[index * config.batch_size:
+                      (index + 1) * config.batch_size]
+        if batch.numel() == 0:
+            break
+        input_nodes, _, _ = sampler.sample(dataset.graph, batch)
+        most = max(most, input_nodes.numel())
+    row_bytes = dataset.manifest.row_bytes
+    total = most * row_bytes * (config.prefetch + 2)
+    if config.eval != "sampled":
+        width = max(config.hidden * config.num_heads, dataset.num_classes)
+        total += 2 * dataset.num_nodes * width * 4
+    if torch.device(device).type == "cpu":
+        total += device_budget
+    return int(total)
+
+
+def _eval_mode(config, dataset, loader) -> str:
+    """``layerwise`` or ``sampled``, resolving ``auto``."""
+    if config.eval != "auto":
+        return config.eval
+    if config.features_on == "memory":
+        return "layerwise"
+    held = loader.plan.device_rows + loader.plan.host_rows
+    return "layerwise" if held >= dataset.num_nodes else "sampled"
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far, in bytes."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def evaluate(config, dataset, model, loader, device, mode: str) -> dict:
+    """Metric per split: ``valid`` and ``test`` (and ``train`` layer-wise).
+
+    Layer-wise inference reads rows in node-id order, chunk by chunk: from
+    memory, or through a `FrozenView` of the training cache (hits from its
+    tiers, misses from storage, nothing admitted). Sampled inference runs
+    DGL's ``NeighborSampler`` with the training fanouts over each split
+    through the same view.
+    """
+    import dgl
+
+    from hmgraph.cache.coordinated import FrozenView
+
+    view = FrozenView(loader.cache)
+    if mode == "layerwise":
+        features = dataset.features if config.features_on == "memory" \
+            else view
+        logits = layerwise_inference(
+            model, dataset.graph, features, device,
+            batch_size=config.eval_batch_size,
+        )
+        return {split: dataset.evaluate(logits, split)
+                for split in ("train", "valid", "test")}
+    fanouts = [0] * config.layers if config.model == "mlp" \
+        else config.fanouts
+    sampler = dgl.dataloading.NeighborSampler(fanouts, fused=False) \
+        if config.model == "mlp" else dgl.dataloading.NeighborSampler(fanouts)
+    scores = {}
+    was_training = model.training
+    model.eval()
+    try:
+        for split in ("valid", "test"):
+            ids = dataset.split[split]
+            split_loader = DataLoader(
+                dataset.graph, ids, sampler, features=view,
+                labels=dataset.labels, batch_size=config.batch_size,
+                device=device, seed=config.seed, prefetch=config.prefetch,
+            )
+            parts = []
+            with torch.no_grad():
+                for batch in split_loader:
+                    parts.append(model(batch.blocks, batch.x).cpu())
+            split_loader.close()
+            scores[split] = dataset.score(torch.cat(parts), split)
+    finally:
+        model.train(was_training)
+    return scores
 
 
 def _train_run(config, dataset, loader, run, state, device, checkpoint_path,
-               completed) -> dict:
+               completed, eval_mode) -> dict:
     seed = config.seed + 1000 * run
     torch.manual_seed(seed)
     model = build_model(
@@ -252,14 +406,9 @@ def _train_run(config, dataset, loader, run, state, device, checkpoint_path,
         entry = _train_epoch(config, model, optimizer, loader, run, epoch)
         if (epoch + 1) % config.eval_every == 0 or epoch + 1 == config.epochs:
             start = time.perf_counter()
-            logits = layerwise_inference(
-                model, dataset.graph, dataset.features, device,
-                batch_size=config.eval_batch_size,
-            )
-            entry.update({
-                split: dataset.evaluate(logits, split)
-                for split in ("train", "valid", "test")
-            })
+            scores = evaluate(config, dataset, model, loader, device,
+                              eval_mode)
+            entry.update({"train": entry["train_running"], **scores})
             entry["seconds"]["eval"] = time.perf_counter() - start
             if entry["valid"] > record["best_valid"]:
                 record.update(best_epoch=epoch, best_valid=entry["valid"],
@@ -281,6 +430,7 @@ def _train_epoch(config, model, optimizer, loader, run, epoch) -> dict:
     loader.stats.reset()
     model.train()
     total_loss, total_seeds, train_seconds = 0.0, 0, 0.0
+    total_correct = 0
     start = time.perf_counter()
     batches = tqdm(loader, desc=f"run {run} epoch {epoch}", leave=False,
                    disable=not config.progress)
@@ -294,6 +444,7 @@ def _train_epoch(config, model, optimizer, loader, run, epoch) -> dict:
         train_seconds += time.perf_counter() - step
         n = batch.y.numel()
         total_loss += float(loss) * n
+        total_correct += int((logits.argmax(dim=-1) == batch.y).sum())
         total_seeds += n
         batches.set_postfix(loss=f"{float(loss):.3f}")
     seconds = dict(loader.stats.seconds)
@@ -304,6 +455,7 @@ def _train_epoch(config, model, optimizer, loader, run, epoch) -> dict:
             or loader.stats.reuse is not None:
         log.info("run %d epoch %d: %s", run, epoch, describe_io(stats))
     return {"epoch": epoch, "loss": total_loss / max(total_seeds, 1),
+            "train_running": total_correct / max(total_seeds, 1),
             "seconds": seconds, "loader": stats}
 
 

@@ -19,14 +19,17 @@ from pathlib import Path
 
 import torch
 
+from hmgraph.cache.format import read_manifest, verify_feature_file
 from hmgraph.datasets.base import (
     AccuracyEvaluator,
     NodeDataset,
     as_labels,
     attach_feature_file,
+    read_feature_rows,
 )
 from hmgraph.datasets.planetoid import PLANETOID, find_planetoid
 from hmgraph.datasets.synthetic import SPECS, make_synthetic, meta_dict
+from hmgraph.datasets.synthetic import feature_path as synthetic_feature_path
 
 log = logging.getLogger(__name__)
 
@@ -55,22 +58,30 @@ def known_datasets() -> list[str]:
 
 
 def load(
-    name: str, root: str | os.PathLike = "data", verify: bool = True
+    name: str, root: str | os.PathLike = "data", verify: bool = True,
+    features_on: str = "memory", progress: bool = False,
 ) -> NodeDataset:
     """Load a node-classification dataset.
 
     Parameters
     ----------
     name : str
-        One of `known_datasets`: ``synth-tiny`` / ``synth-small`` /
-        ``synth-products`` (generated under ``root`` on first use and
-        reused), ``cora`` / ``citeseer`` / ``pubmed`` (Planetoid files under
-        ``root``), ``ogbn-arxiv`` / ``ogbn-products`` / ``ogbn-papers100M``
-        (a copy in OGB's layout under ``root``, else downloaded by ogb).
+        One of `known_datasets`: the synthetic ``synth-*`` sets (generated
+        under ``root`` on first use and reused), ``cora`` / ``citeseer`` /
+        ``pubmed`` (Planetoid files under ``root``), ``ogbn-arxiv`` /
+        ``ogbn-products`` / ``ogbn-papers100M`` (a copy in OGB's layout
+        under ``root``, else downloaded by ogb).
     root : str or os.PathLike
         Folder that holds the datasets; must exist.
     verify : bool
         Recompute the feature file's checksum (reads the whole file).
+    features_on : str
+        ``"memory"``: rows also in ``graph.ndata["feat"]``. ``"disk"``:
+        rows only in the feature file; nothing holds the feature matrix
+        (synthetic sets never load it; OGB and Planetoid sets that ogb
+        loads into memory write the file and drop the rows).
+    progress : bool
+        Show progress bars while generating a synthetic set.
 
     Returns
     -------
@@ -80,12 +91,17 @@ def load(
     Raises
     ------
     DatasetError
-        Unknown name, missing root, missing data, empty split.
+        Unknown name, missing root, missing data, empty split, a feature
+        file that does not fit the graph.
     """
     root = Path(root)
     if name not in known_datasets():
         raise DatasetError(
             f"unknown dataset {name!r}; known: {', '.join(known_datasets())}"
+        )
+    if features_on not in ("memory", "disk"):
+        raise DatasetError(
+            f"features_on must be 'memory' or 'disk', got {features_on!r}"
         )
     if not root.is_dir():
         raise DatasetError(
@@ -93,19 +109,39 @@ def load(
             f"(mkdir -p {root}) or pass an existing --root"
         )
     if name in SPECS:
-        dataset = _load_ogb_format(name, make_synthetic(name, root), True)
-    elif name in PLANETOID:
-        dataset = _load_planetoid(name, root)
+        folder = make_synthetic(name, root, progress=progress)
+        dataset = _load_ogb_format(name, folder, True)
+        dataset.feature_path = _checked(synthetic_feature_path(folder),
+                                        dataset.num_nodes, verify)
+        if features_on == "memory":
+            dataset.graph.ndata["feat"] = read_feature_rows(
+                dataset.feature_path)
     else:
-        dataset = _load_ogbn(name, root)
+        dataset = _load_planetoid(name, root) if name in PLANETOID \
+            else _load_ogbn(name, root)
+        folder = _cache_folder(dataset.info["folder"], name)
+        dataset.feature_path = attach_feature_file(
+            dataset.graph.ndata["feat"], folder, verify=verify
+        )
+        if features_on == "disk":
+            dataset.graph.ndata.pop("feat")
+    dataset.features_on = features_on
     for part in ("train", "valid", "test"):
         if dataset.split[part].numel() == 0:
             raise DatasetError(f"dataset {name} has an empty {part} split")
-    folder = _cache_folder(dataset.info["folder"], name)
-    dataset.feature_path = attach_feature_file(
-        dataset.features, folder, verify=verify
-    )
     return dataset
+
+
+def _checked(path: Path, num_nodes: int, verify: bool) -> Path:
+    """``path`` if it is a feature file of ``num_nodes`` rows."""
+    manifest = verify_feature_file(path) if verify else read_manifest(path)
+    if manifest.num_rows != num_nodes:
+        raise DatasetError(
+            f"feature file {path} holds {manifest.num_rows} rows but the "
+            f"graph has {num_nodes} nodes; delete the dataset folder to "
+            f"regenerate it"
+        )
+    return path
 
 
 def _cache_folder(dataset_folder: Path, name: str) -> Path:

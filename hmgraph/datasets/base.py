@@ -13,6 +13,7 @@ import torch
 from hmgraph.cache.format import (
     FeatureFileError,
     FeatureManifest,
+    open_feature_file,
     read_manifest,
     verify_feature_file,
     write_feature_file,
@@ -20,7 +21,8 @@ from hmgraph.cache.format import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AccuracyEvaluator", "NodeDataset", "attach_feature_file"]
+__all__ = ["AccuracyEvaluator", "NodeDataset", "attach_feature_file",
+           "graph_bytes", "read_feature_rows"]
 
 FEATURE_FILE = "node-feat.bin"
 
@@ -62,8 +64,9 @@ class NodeDataset:
     name : str
         Dataset name, e.g. ``"ogbn-arxiv"`` or ``"synth-small"``.
     graph : dgl.DGLGraph
-        Homogeneous graph on the CPU, with ``ndata["feat"]`` (float rows)
-        and ``ndata["label"]``.
+        Homogeneous graph on the CPU with ``ndata["label"]``; with
+        features in memory also ``ndata["feat"]`` (float rows). With
+        features on disk the graph holds no feature rows at all.
     labels : torch.Tensor
         int64, shape (num_nodes,); -1 where a node has no label.
     split : dict of str to torch.Tensor
@@ -76,6 +79,9 @@ class NodeDataset:
     feature_path : pathlib.Path
         The node-feature file (see `hmgraph.cache.format`), rows in node-id
         order, data start aligned to 4096 bytes for ``O_DIRECT``.
+    features_on : str
+        ``"memory"`` (rows also in ``graph.ndata["feat"]``) or ``"disk"``
+        (rows only in the feature file).
     """
 
     name: str
@@ -86,6 +92,7 @@ class NodeDataset:
     evaluator: object
     feature_path: Path
     info: dict = field(default_factory=dict)
+    features_on: str = "memory"
 
     @property
     def num_nodes(self) -> int:
@@ -93,19 +100,37 @@ class NodeDataset:
         return self.graph.num_nodes()
 
     @property
-    def features(self) -> torch.Tensor:
-        """Node features in memory, shape (num_nodes, feat_dim), CPU."""
-        return self.graph.ndata["feat"]
+    def features(self):
+        """Node features, shape (num_nodes, feat_dim), CPU.
 
-    @property
-    def feat_dim(self) -> int:
-        """Width of one feature row."""
-        return int(self.features.shape[1])
+        With features in memory, the tensor ``graph.ndata["feat"]``; with
+        features on disk, a read-only ``numpy.memmap`` of the feature file
+        (nothing is copied; prefer reading rows through
+        `hmgraph.cache.StorageFeature`, which bypasses the page cache).
+        """
+        if self.features_on == "disk":
+            return open_feature_file(self.feature_path)[1]
+        return self.graph.ndata["feat"]
 
     @property
     def manifest(self) -> FeatureManifest:
         """The manifest of the feature file."""
         return read_manifest(self.feature_path)
+
+    @property
+    def feat_dim(self) -> int:
+        """Width of one feature row."""
+        return int(np.prod(self.manifest.row_shape, dtype=np.int64))
+
+    @property
+    def feature_bytes(self) -> int:
+        """Bytes of all feature rows (the feature file without padding)."""
+        return self.manifest.data_bytes
+
+    @property
+    def graph_bytes(self) -> int:
+        """Bytes of the graph's structure and node data in memory."""
+        return graph_bytes(self.graph)
 
     def evaluate(self, logits: torch.Tensor, split: str) -> float:
         """The evaluator's metric of ``logits`` on one split.
@@ -117,8 +142,26 @@ class NodeDataset:
         split : str
             ``"train"``, ``"valid"`` or ``"test"``.
         """
+        return self.score(logits[self.split[split]], split)
+
+    def score(self, logits: torch.Tensor, split: str) -> float:
+        """The evaluator's metric of one split's own ``logits``.
+
+        Parameters
+        ----------
+        logits : torch.Tensor
+            Shape (len(split[split]), num_classes): row ``i`` for node
+            ``split[split][i]``.
+        split : str
+            ``"train"``, ``"valid"`` or ``"test"``.
+        """
         ids = self.split[split]
-        y_pred = logits[ids].argmax(dim=-1, keepdim=True).cpu()
+        if logits.shape[0] != ids.numel():
+            raise ValueError(
+                f"{logits.shape[0]} rows of logits for the {ids.numel()} "
+                f"nodes of the {split} split"
+            )
+        y_pred = logits.argmax(dim=-1, keepdim=True).cpu()
         y_true = self.labels[ids].reshape(-1, 1)
         result = self.evaluator.eval({"y_true": y_true, "y_pred": y_pred})
         return float(result[self.evaluator.eval_metric])
@@ -169,3 +212,35 @@ def as_labels(raw) -> torch.Tensor:
         missing = torch.isnan(labels)
         labels = torch.where(missing, torch.full_like(labels, -1), labels)
     return labels.long()
+
+
+def read_feature_rows(path: str | os.PathLike) -> torch.Tensor:
+    """All rows of a feature file, read into one new CPU tensor.
+
+    Plain reads (no memmap left behind); for features in memory.
+    """
+    manifest = read_manifest(path)
+    rows = np.fromfile(path, dtype=np.dtype(manifest.dtype),
+                       count=int(np.prod(manifest.shape, dtype=np.int64)),
+                       offset=manifest.data_offset)
+    return torch.from_numpy(rows.reshape(manifest.shape))
+
+
+def graph_bytes(graph) -> int:
+    """Bytes a DGL graph holds: its materialised formats and node data.
+
+    Counts COO (source and destination ids) and every CSR / CSC already
+    built (index pointers and indices, plus edge ids), at the graph's id
+    width, and every ``ndata`` / ``edata`` tensor.
+    """
+    width = 8 if graph.idtype == torch.int64 else 4
+    n, m = graph.num_nodes(), graph.num_edges()
+    created = graph.formats()["created"]
+    total = 0
+    for fmt in created:
+        total += 2 * m * width if fmt == "coo" else (n + 1 + 2 * m) * width
+    for frame in (graph.ndata, graph.edata):
+        for value in frame.values():
+            if isinstance(value, torch.Tensor):
+                total += value.numel() * value.element_size()
+    return int(total)

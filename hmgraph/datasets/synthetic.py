@@ -33,16 +33,24 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
+from hmgraph.datasets.base import FEATURE_FILE
+
 log = logging.getLogger(__name__)
 
-__all__ = ["SPECS", "SynthSpec", "generate", "make_synthetic"]
+__all__ = ["SPECS", "SynthSpec", "feature_rows", "generate",
+           "generate_graph", "make_synthetic", "write_features"]
 
 _META_FILE = "hmgraph-meta.json"
+# Version of the generated layout; folders of another version are rebuilt.
+# 2: features only in the feature file, written block by block.
+_FORMAT = 2
+FEATURE_BLOCK_ROWS = 16_384
 _EDGE_CHUNK = 4_000_000
 _OVERSAMPLE = 1.5
 
@@ -65,8 +73,9 @@ class SynthSpec:
     community_size : int
         Mean community size.
     train_frac, valid_frac : float
-        Shares of nodes in the train and validation splits; the rest is
-        the test split.
+        Shares of nodes in the train and validation splits.
+    test_frac : float or None
+        Share of nodes in the test split; None: every other node.
     """
 
     num_nodes: int
@@ -76,6 +85,7 @@ class SynthSpec:
     community_size: int
     train_frac: float
     valid_frac: float
+    test_frac: float | None = None
     p_intra: float = 0.8
     p_near: float = 0.1
     label_noise: float = 0.15
@@ -98,11 +108,37 @@ SPECS = {
         num_nodes=2_400_000, avg_degree=25, num_classes=47, feat_dim=100,
         community_size=1000, train_frac=0.08, valid_frac=0.02,
     ),
+    # The shapes SSD-based systems are built for. IGB-small's shape: 1M
+    # nodes, 12M edges, 1024-dim float32 rows (one 4 KiB page per row), 19
+    # classes; small train split so that an epoch fits a 2-core machine.
+    "synth-igb": SynthSpec(
+        num_nodes=1_000_000, avg_degree=12, num_classes=19, feat_dim=1024,
+        community_size=1000, train_frac=0.02, valid_frac=0.005,
+        test_frac=0.005,
+    ),
+    # The same family, features larger than a 24 GiB machine (28.7 GB).
+    "synth-igb-large": SynthSpec(
+        num_nodes=7_000_000, avg_degree=12, num_classes=19, feat_dim=1024,
+        community_size=1000, train_frac=0.003, valid_frac=0.001,
+        test_frac=0.001,
+    ),
+    # ogbn-papers100M's row width (128 float32 = 512 B), class count and
+    # split shares (1.1% train), at 12M nodes; half its mean degree keeps
+    # the graph buildable here. A batch of 1024 with fanouts 15,10,5 reads
+    # a few percent of the rows (sparse).
+    "synth-papers": SynthSpec(
+        num_nodes=12_000_000, avg_degree=14, num_classes=172, feat_dim=128,
+        community_size=2000, train_frac=0.011, valid_frac=0.0011,
+        test_frac=0.0019,
+    ),
 }
 
 
 def generate(spec: SynthSpec) -> dict[str, np.ndarray]:
-    """Generate one synthetic graph in memory.
+    """Generate one synthetic graph in memory, features included.
+
+    For small specs and tests; `make_synthetic` writes the same features
+    chunk by chunk instead (`feature_rows`), never holding them all.
 
     Parameters
     ----------
@@ -112,11 +148,26 @@ def generate(spec: SynthSpec) -> dict[str, np.ndarray]:
     Returns
     -------
     dict
+        The arrays of `generate_graph` and ``node_feat`` (N, feat_dim)
+        float32.
+    """
+    data = generate_graph(spec)
+    data["node_feat"] = feature_rows(spec, data["label"], data["centroid"],
+                                     0, spec.num_nodes)
+    return data
+
+
+def generate_graph(spec: SynthSpec) -> dict[str, np.ndarray]:
+    """Generate the graph, labels and split of ``spec`` (no features).
+
+    Returns
+    -------
+    dict
         ``edge_index`` (2, E) int64, every undirected edge once (the
-        loader adds the reverse edges),
-        ``node_feat`` (N, feat_dim) float32, ``label`` (N,) int64,
-        ``community`` (N,) int64, and ``train`` / ``valid`` / ``test`` id
-        arrays (int64, sorted).
+        loader adds the reverse edges), ``label`` (N,) int64,
+        ``community`` (N,) int64, ``centroid`` (num_classes, feat_dim)
+        float32 (the class centres of the features, see `feature_rows`),
+        and ``train`` / ``valid`` / ``test`` id arrays (int64, sorted).
     """
     rng = np.random.default_rng(spec.seed)
     n = spec.num_nodes
@@ -136,12 +187,13 @@ def generate(spec: SynthSpec) -> dict[str, np.ndarray]:
                        spec.max_theta)
     cum = np.cumsum(theta)
     cum_before = cum - theta
+    del u, theta
 
-    # (3) Edges, chunk by chunk.
+    # (3) Edges, chunk by chunk, kept as undirected keys lo * n + hi.
     # Draw more pairs than needed: duplicates fall away in (4).
     num_pairs = int(n * spec.avg_degree / 2)
     num_draws = int(num_pairs * _OVERSAMPLE)
-    src_parts, dst_parts = [], []
+    key_parts = []
     for start in range(0, num_draws, _EDGE_CHUNK):
         k = min(_EDGE_CHUNK, num_draws - start)
         src = np.searchsorted(cum, rng.random(k) * cum[-1], side="right")
@@ -160,20 +212,17 @@ def generate(spec: SynthSpec) -> dict[str, np.ndarray]:
                               side="right")
         dst = np.minimum(dst, n - 1)
         keep = src != dst
-        src_parts.append(src[keep])
-        dst_parts.append(dst[keep])
-    src = np.concatenate(src_parts)
-    dst = np.concatenate(dst_parts)
-    del src_parts, dst_parts
+        src, dst = src[keep], dst[keep]
+        key_parts.append(np.minimum(src, dst) * n + np.maximum(src, dst))
+    del cum, cum_before
 
-    # (4) Undirected, without duplicates, down to the wanted count.
-    lo_end, hi_end = np.minimum(src, dst), np.maximum(src, dst)
-    key = np.unique(lo_end * n + hi_end)
-    del src, dst, lo_end, hi_end
+    # (4) Without duplicates, down to the wanted count.
+    key = np.unique(np.concatenate(key_parts))
+    del key_parts
     if key.size > num_pairs:
         key = np.sort(rng.choice(key, size=num_pairs, replace=False))
 
-    # (5) Labels from communities, features from labels.
+    # (5) Labels from communities; the feature centres of the classes.
     comm_class = rng.integers(0, spec.num_classes, size=num_comms)
     comm_class[: spec.num_classes] = rng.permutation(spec.num_classes)[
         : min(spec.num_classes, num_comms)
@@ -184,27 +233,85 @@ def generate(spec: SynthSpec) -> dict[str, np.ndarray]:
     centroid = rng.standard_normal(
         (spec.num_classes, spec.feat_dim), dtype=np.float32
     )
-    feat = rng.standard_normal((n, spec.feat_dim), dtype=np.float32)
-    feat += np.float32(spec.signal) * centroid[label]
 
     # (6) Shuffle ids so communities are not id ranges; split.
     perm = rng.permutation(n)  # internal id -> public id
     inverse = np.empty(n, dtype=np.int64)
     inverse[perm] = np.arange(n)
-    edge_index = np.stack([perm[key // n], perm[key % n]])
+    edge_index = np.empty((2, key.size), dtype=np.int64)
+    for start in range(0, key.size, _EDGE_CHUNK):
+        part = key[start:start + _EDGE_CHUNK]
+        edge_index[0, start:start + part.size] = perm[part // n]
+        edge_index[1, start:start + part.size] = perm[part % n]
     del key
     order = rng.permutation(n)
     num_train = int(n * spec.train_frac)
     num_valid = int(n * spec.valid_frac)
+    end = n if spec.test_frac is None else min(
+        n, num_train + num_valid + int(n * spec.test_frac))
     return {
         "edge_index": edge_index,
-        "node_feat": feat[inverse],
         "label": label[inverse].astype(np.int64),
         "community": community[inverse].astype(np.int64),
+        "centroid": centroid,
         "train": np.sort(order[:num_train]),
         "valid": np.sort(order[num_train:num_train + num_valid]),
-        "test": np.sort(order[num_train + num_valid:]),
+        "test": np.sort(order[num_train + num_valid:end]),
     }
+
+
+def feature_rows(spec: SynthSpec, label: np.ndarray, centroid: np.ndarray,
+                 start: int, stop: int) -> np.ndarray:
+    """Feature rows ``start:stop`` (public ids) of ``spec``.
+
+    Row ``v`` is ``signal * centroid[label[v]]`` plus standard normal noise.
+    The noise comes in blocks of ``FEATURE_BLOCK_ROWS`` rows, block ``b``
+    drawn from its own generator seeded ``(seed, 1, b)``, so any slicing
+    gives the same rows and a file can be written chunk by chunk.
+
+    Returns
+    -------
+    numpy.ndarray
+        float32, shape ``(stop - start, feat_dim)``.
+    """
+    out = np.empty((stop - start, spec.feat_dim), dtype=np.float32)
+    block = start // FEATURE_BLOCK_ROWS
+    while block * FEATURE_BLOCK_ROWS < stop:
+        first = block * FEATURE_BLOCK_ROWS
+        last = min(first + FEATURE_BLOCK_ROWS, spec.num_nodes)
+        rng = np.random.default_rng((spec.seed, 1, block))
+        noise = rng.standard_normal((last - first, spec.feat_dim),
+                                    dtype=np.float32)
+        lo, hi = max(first, start), min(last, stop)
+        out[lo - start:hi - start] = noise[lo - first:hi - first]
+        block += 1
+    out += np.float32(spec.signal) * centroid[label[start:stop]]
+    return out
+
+
+def write_features(spec: SynthSpec, label: np.ndarray, centroid: np.ndarray,
+                   path: str | os.PathLike, progress: bool = False):
+    """Write the features of ``spec`` to a feature file, block by block.
+
+    Memory: one block of ``FEATURE_BLOCK_ROWS`` rows at a time. The file
+    is renamed into place only when complete (`FeatureFileWriter`).
+
+    Returns
+    -------
+    hmgraph.cache.format.FeatureManifest
+    """
+    from tqdm.auto import tqdm
+
+    from hmgraph.cache.format import FeatureFileWriter
+
+    n = spec.num_nodes
+    with FeatureFileWriter(path, (n, spec.feat_dim), np.float32) as out:
+        starts = tqdm(range(0, n, FEATURE_BLOCK_ROWS), unit="block",
+                      desc="features", disable=not progress, leave=False)
+        for start in starts:
+            out.write(feature_rows(spec, label, centroid, start,
+                                   min(start + FEATURE_BLOCK_ROWS, n)))
+    return out.manifest
 
 
 def ogb_name(name: str) -> str:
@@ -224,12 +331,22 @@ def meta_dict(folder: Path) -> dict:
     return meta
 
 
-def make_synthetic(name: str, root: str | os.PathLike) -> Path:
+def feature_path(folder: Path) -> Path:
+    """The feature file of the synthetic dataset in ``folder``."""
+    return Path(folder) / "hmgraph" / FEATURE_FILE
+
+
+def make_synthetic(name: str, root: str | os.PathLike,
+                   progress: bool = False) -> Path:
     """Generate ``name`` under ``root`` unless it is already there.
 
-    The dataset is written through `ogb.io.DatasetSaver` into a temporary
-    folder, processed once by ``DglNodePropPredDataset`` and then renamed
-    into place, so a killed run leaves nothing that a later run trusts.
+    The graph, labels and split are written through `ogb.io.DatasetSaver`
+    and processed once by ``DglNodePropPredDataset``; the features go
+    block by block straight into the feature file (``hmgraph/`` inside the
+    dataset folder, see `write_features`), so no step holds the feature
+    matrix. Everything is built in a temporary folder that is renamed into
+    place last, so a killed run leaves nothing that a later run trusts (a
+    leftover temporary folder is removed by the next run).
 
     Parameters
     ----------
@@ -237,24 +354,32 @@ def make_synthetic(name: str, root: str | os.PathLike) -> Path:
         A key of `SPECS`.
     root : str or os.PathLike
         Folder that holds datasets.
+    progress : bool
+        Show a progress bar while writing features.
 
     Returns
     -------
     pathlib.Path
         The dataset's folder (OGB layout: ``raw/``, ``processed/``,
-        ``split/``, ``mapping/``).
+        ``split/``, ``mapping/``; ``hmgraph/node-feat.bin``).
     """
     from ogb.io import DatasetSaver
     from ogb.nodeproppred import DglNodePropPredDataset
 
     spec = SPECS[name]
     folder = Path(root) / folder_name(name)
-    if (folder / _META_FILE).is_file():
-        return folder
+    marker = folder / _META_FILE
+    if marker.is_file():
+        if json.loads(marker.read_text()).get("format") == _FORMAT:
+            return folder
+        log.info("%s was generated by an older hmgraph; rebuilding", folder)
+    _remove_stale_builds(Path(root), folder.name)
     log.info("generating %s under %s", name, root)
-    work = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=root))
+    began = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix=f".{folder.name}-{os.getpid()}-",
+                                 dir=root))
     try:
-        data = generate(spec)
+        data = generate_graph(spec)
         quiet = _Quiet()
         with quiet:
             saver = DatasetSaver(
@@ -264,10 +389,11 @@ def make_synthetic(name: str, root: str | os.PathLike) -> Path:
             graph = {
                 "edge_index": data.pop("edge_index"),
                 "num_nodes": spec.num_nodes,
-                "node_feat": data.pop("node_feat"),
+                "node_feat": None,
                 "edge_feat": None,
             }
             saver.save_graph_list([graph])
+            num_edges = graph["edge_index"].shape[1]
             del graph
             saver.save_target_labels(data["label"].reshape(-1, 1))
             saver.save_split(
@@ -289,19 +415,40 @@ def make_synthetic(name: str, root: str | os.PathLike) -> Path:
             )
             meta = saver.get_meta_dict()
         built = Path(saver.dataset_dir)
-        (built / _META_FILE).write_text(json.dumps(
-            {"spec": asdict(spec), "ogb_meta": meta}, indent=1
-        ))
-        # (7) Let ogb build its processed graph before the folder is
+        # (7) Features straight into the feature file, block by block.
+        manifest = write_features(spec, data["label"], data["centroid"],
+                                  feature_path(built), progress=progress)
+        record = {
+            "format": _FORMAT, "spec": asdict(spec), "ogb_meta": meta,
+            "num_edges": int(num_edges),
+            "feature_bytes": manifest.file_bytes,
+        }
+        (built / _META_FILE).write_text(json.dumps(record, indent=1))
+        # (8) Let ogb build its processed graph before the folder is
         # visible under its final name.
+        del data
         with quiet:
             DglNodePropPredDataset(ogb_name(name), meta_dict=meta_dict(built))
+        record["seconds"] = round(time.perf_counter() - began, 1)
+        (built / _META_FILE).write_text(json.dumps(record, indent=1))
         if folder.exists():  # a remnant without its marker: not trusted
             shutil.rmtree(folder)
         os.replace(built, folder)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return folder
+
+
+def _remove_stale_builds(root: Path, stem: str) -> None:
+    """Delete build folders of runs that died (their pid is gone)."""
+    import psutil
+
+    for stale in root.glob(f".{stem}-*-*"):
+        pid = stale.name[len(stem) + 2:].split("-")[0]
+        if stale.is_dir() and pid.isdigit() and not psutil.pid_exists(
+                int(pid)):
+            log.info("removing %s, left by a killed run", stale)
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 class _Quiet(contextlib.ExitStack):

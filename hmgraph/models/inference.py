@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from hmgraph.cache.feature import Feature
+
 __all__ = ["layerwise_inference"]
 
 
@@ -34,6 +36,8 @@ def _gather_rows(features, ids):
     """
     if isinstance(features, torch.Tensor):
         return features.index_select(0, ids.to(torch.int64))
+    if isinstance(features, Feature):  # e.g. the storage tier, a cache
+        return features.read(ids)
     # Read a NumPy array (possibly a memmap) in ascending row order, which
     # keeps disk reads sequential, then put the rows back in ``ids`` order.
     ids = ids.numpy()
@@ -46,16 +50,16 @@ def _gather_rows(features, ids):
 
 def _check_features(graph, features):
     """Raise if ``features`` cannot be the node features of ``graph``."""
-    if not isinstance(features, (torch.Tensor, np.ndarray)):
+    if not isinstance(features, (torch.Tensor, np.ndarray, Feature)):
         raise TypeError(
-            "features must be a torch.Tensor or a numpy array; got "
-            f"{type(features).__name__}"
+            "features must be a torch.Tensor, a numpy array or an "
+            f"hmgraph.cache.Feature; got {type(features).__name__}"
         )
     if isinstance(features, torch.Tensor) and features.device.type != "cpu":
         raise ValueError(
             f"features must be on the CPU; got device {features.device}"
         )
-    if features.ndim != 2 or features.shape[0] != graph.num_nodes():
+    if len(features.shape) != 2 or features.shape[0] != graph.num_nodes():
         raise ValueError(
             f"features must have shape (num_nodes={graph.num_nodes()}, "
             f"in_feats); got {tuple(features.shape)}"
@@ -86,10 +90,13 @@ def layerwise_inference(
         parameters on ``device``.
     graph : dgl.DGLGraph
         A homogeneous graph on the CPU.
-    features : torch.Tensor or numpy.ndarray
+    features : torch.Tensor, numpy.ndarray or hmgraph.cache.Feature
         Node features of shape ``(graph.num_nodes(), in_feats)``: a CPU
-        tensor (possibly backed by a memmap) or a NumPy array /
-        ``np.memmap``. Rows are cast to the model's parameter dtype.
+        tensor (possibly backed by a memmap), a NumPy array /
+        ``np.memmap``, or a `Feature` such as the storage tier or a
+        `FrozenView` of a loader's cache (features on disk: only each
+        chunk's input rows are ever in memory). Rows are cast to the
+        model's parameter dtype.
     device : str or torch.device, optional
         Where each layer is computed. Default: ``"cpu"``.
     batch_size : int, optional

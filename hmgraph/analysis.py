@@ -303,7 +303,8 @@ def run(args) -> dict:
     from hmgraph.train import TrainConfig, _make_sampler
 
     budgets = tuple(args.budgets)
-    data = datasets.load(args.dataset, args.root, verify=not args.no_verify)
+    data = datasets.load(args.dataset, args.root, verify=not args.no_verify,
+                         features_on="disk")
     config = TrainConfig(dataset=args.dataset, fanouts=args.fanouts,
                          batch_size=args.batch_size, sampler=args.sampler,
                          clusters=args.clusters, locality=args.locality,

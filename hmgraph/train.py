@@ -27,7 +27,8 @@ from hmgraph.models import build_model, layerwise_inference
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CheckpointError", "TrainConfig", "train"]
+__all__ = ["CheckpointError", "TrainConfig", "evaluate", "make_loader",
+           "peak_rss_bytes", "resolve_eval", "train", "working_set_bytes"]
 
 # Settings a checkpoint must share with the run that resumes it.
 _CHECKPOINT_KEYS = (
@@ -164,8 +165,8 @@ def train(config: TrainConfig, dataset=None) -> dict:
     device = torch.device(config.device)
     dataset, sampler = _make_sampler(config, dataset)
     log.info("%s", dataset)
-    loader, memory = _make_loader(config, dataset, sampler, device)
-    eval_mode = _eval_mode(config, dataset, loader)
+    loader, memory = make_loader(config, dataset, sampler, device)
+    eval_mode = resolve_eval(config, dataset, loader)
     log.info("evaluation: %s", eval_mode)
     metric = dataset.evaluator.eval_metric
     try:
@@ -227,7 +228,7 @@ def _make_sampler(config, dataset):
     return dataset, sampler
 
 
-def _make_loader(config, dataset, sampler, device):
+def make_loader(config, dataset, sampler, device):
     """The training loader with the cache and feature source asked for.
 
     Returns the loader and a record of the memory it was sized with:
@@ -319,7 +320,7 @@ def working_set_bytes(config, dataset, sampler, device_budget: int,
     return int(total)
 
 
-def _eval_mode(config, dataset, loader) -> str:
+def resolve_eval(config, dataset, loader) -> str:
     """``layerwise`` or ``sampled``, resolving ``auto``."""
     if config.eval != "auto":
         return config.eval

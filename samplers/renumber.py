@@ -14,16 +14,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from hmgraph.cache.format import (
-    open_feature_file,
-    read_manifest,
-    write_feature_file,
-)
+from hmgraph.cache.format import FeatureFileWriter, read_manifest
+from hmgraph.cache.storage import StorageFeature
 
 __all__ = ["cluster_permutation", "renumber_feature_file", "renumber_graph"]
+
+_CHUNK_BYTES = 256 << 20
 
 
 def cluster_permutation(clusters: torch.Tensor):
@@ -63,7 +61,8 @@ def renumber_feature_file(source: str | os.PathLike,
                           perm: torch.Tensor) -> Path:
     """Write the rows of ``source`` in ``perm`` order to ``target``.
 
-    Row ``new`` of the target is row ``perm[new]`` of the source. Written
+    Row ``new`` of the target is row ``perm[new]`` of the source, gathered
+    and written 256 MB at a time (never the whole matrix). Written
     atomically (temporary name, fsync, rename); an existing target with the
     source's shape and dtype is kept.
 
@@ -73,7 +72,7 @@ def renumber_feature_file(source: str | os.PathLike,
         ``target``.
     """
     target = Path(target)
-    manifest, rows = open_feature_file(source)
+    manifest = read_manifest(source)
     if perm.numel() != manifest.num_rows:
         raise ValueError(
             f"permutation of {perm.numel()} ids for a feature file of "
@@ -83,5 +82,11 @@ def renumber_feature_file(source: str | os.PathLike,
         done = read_manifest(target)
         if done.shape == manifest.shape and done.dtype == manifest.dtype:
             return target
-    write_feature_file(target, np.asarray(rows[perm.numpy()]))
+    # Chunk by chunk of new ids: the storage tier gathers each chunk's old
+    # rows (sorted, coalesced, O_DIRECT); memory is one chunk.
+    chunk = max(1, _CHUNK_BYTES // max(manifest.row_bytes, 1))
+    with StorageFeature(source) as rows, \
+            FeatureFileWriter(target, manifest.shape, manifest.dtype) as out:
+        for start in range(0, perm.numel(), chunk):
+            out.write(rows.read(perm[start:start + chunk]).numpy())
     return target

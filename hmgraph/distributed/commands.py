@@ -126,7 +126,7 @@ def make_partitions(args, progress=None) -> dict:
     from hmgraph.samplers.cluster import metis_clusters
     from hmgraph.samplers.presample import epoch_counts, expected_reads
 
-    dataset = load(args.dataset, args.root)
+    dataset = load(args.dataset, args.root, features_on="disk")
     graph = dataset.graph
     if args.parts > graph.num_nodes():
         raise ValueError(

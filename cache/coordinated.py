@@ -114,6 +114,27 @@ def _add(counter: dict, key: str, value: int) -> None:
     counter[key] = counter.get(key, 0) + int(value)
 
 
+def _request(ids: torch.Tensor, feature: Feature):
+    """Sorted unique ids, the output buffer, and where rows go in it.
+
+    Returns ``(unique, out, where, inverse)``: ``where(positions)`` maps
+    positions in ``unique`` to rows of ``out`` (on the feature's device).
+    When the ids have no duplicates (DGL's input nodes), ``out`` is in
+    request order and rows are written straight to their place, with no
+    reordering copy at the end (``inverse`` is None); otherwise ``out``
+    follows ``unique`` and the caller returns ``out[inverse]``.
+    """
+    unique, inverse = unique_sorted(ids)
+    out = torch.empty((unique.numel(), *feature.row_shape),
+                      dtype=feature.dtype, device=feature.device)
+    device = feature.device
+    if inverse is not None and inverse.numel() == unique.numel():
+        order = torch.empty_like(inverse)
+        order[inverse] = torch.arange(inverse.numel())
+        return unique, out, lambda pos: order[pos].to(device), None
+    return unique, out, lambda pos: pos.to(device), inverse
+
+
 class FeatureCache(Feature):
     """Rows served from cache layers, misses read from ``source``.
 
@@ -170,9 +191,7 @@ class FeatureCache(Feature):
 
     def _read(self, ids, future=()) -> torch.Tensor:
         start = time.perf_counter()
-        unique, inverse = unique_sorted(ids)
-        out = torch.empty((unique.numel(), *self.row_shape),
-                          dtype=self.dtype, device=self.device)
+        unique, out, where, inverse = _request(ids, self)
         pending = torch.arange(unique.numel())  # positions not yet served
         admissions = []
         # (1) Each layer serves its hits and decides its admissions.
@@ -184,7 +203,7 @@ class FeatureCache(Feature):
                 slots = store.slots(asked)
                 found = slots >= 0
                 if found.any():
-                    out[pending[found].to(self.device)] = store.gather(
+                    out[where(pending[found])] = store.gather(
                         slots[found]).to(self.device)
                     self._count_hits(store.name, int(found.sum()))
                     served |= found
@@ -195,13 +214,14 @@ class FeatureCache(Feature):
         missed = unique[pending]
         if missed.numel():
             rows = self.source.read(missed)
-            out[pending.to(self.device)] = rows.to(self.device)
+            out[where(pending)] = rows.to(self.device)
+            del rows
             _add(self.stats.bytes, "storage->host",
                  self.row_bytes * missed.numel())
         self._count_hits("source", missed.numel())
         # (3) Apply evictions, then admissions (rows are all in `out`).
         for layer, step in admissions:
-            self._apply(layer, step, unique, out)
+            self._apply(layer, step, unique, out, where)
         self.stats.requests += 1
         self.stats.rows_requested += unique.numel()
         self.stats.seconds += time.perf_counter() - start
@@ -213,7 +233,7 @@ class FeatureCache(Feature):
         if tier != "device":
             _add(self.stats.bytes, "host->device", rows * self.row_bytes)
 
-    def _apply(self, layer: Layer, step, unique, out) -> None:
+    def _apply(self, layer: Layer, step, unique, out, where) -> None:
         for store in layer.stores:
             freed = store.remove(step.evict)
             _add(self.stats.evicted, store.name, freed.numel())
@@ -224,8 +244,7 @@ class FeatureCache(Feature):
         for store in layer.stores:
             take = min(store.num_free, admit.numel())
             if take:
-                store.insert(admit[:take], out[positions[:take].to(
-                    self.device)])
+                store.insert(admit[:take], out[where(positions[:take])])
                 _add(self.stats.admitted, store.name, take)
                 admit, positions = admit[take:], positions[take:]
         assert admit.numel() == 0, "policy admitted more than it can hold"
@@ -278,20 +297,18 @@ class FrozenView(Feature):
 
     def _read(self, ids: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()
-        unique, inverse = unique_sorted(ids)
-        out = torch.empty((unique.numel(), *self.row_shape),
-                          dtype=self.dtype, device=self.device)
+        unique, out, where, inverse = _request(ids, self)
         pending = torch.arange(unique.numel())
         for store in self.cache.stores:
             slots = store.slots(unique[pending])
             found = slots >= 0
             if found.any():
-                out[pending[found].to(self.device)] = store.gather(
+                out[where(pending[found])] = store.gather(
                     slots[found]).to(self.device)
                 _add(self.stats.hits, store.name, int(found.sum()))
                 pending = pending[~found]
         if pending.numel():
-            out[pending.to(self.device)] = self.cache.source.read(
+            out[where(pending)] = self.cache.source.read(
                 unique[pending]).to(self.device)
             _add(self.stats.bytes, "storage->host",
                  self.row_bytes * pending.numel())

@@ -118,8 +118,8 @@ def _build_parser() -> argparse.ArgumentParser:
                        choices=["auto", "layerwise", "sampled"],
                        help="full-neighbour layer-wise inference on every "
                        "node, or the training fanouts on valid and test "
-                       "nodes (auto: layer-wise unless features on disk "
-                       "exceed the cache)")
+                       "nodes (auto: layer-wise unless, with features on "
+                       "disk, it would read over 32 GiB from storage)")
     train.add_argument("--out", default=None,
                        help="output folder (default runs/DATASET-MODEL)")
     sampling = train.add_argument_group("sampling")

@@ -58,9 +58,23 @@ def format_result(result: dict) -> str:
     lines += ["", f"Valid {metric}: {s['valid_mean']:.4f} ± "
               f"{s['valid_std']:.4f}",
               f"Test {metric}: {s['test_mean']:.4f} ± {s['test_std']:.4f}"
-              f"  ({s['runs']} runs)",
-              f"result: {result['path']}"]
+              f"  ({s['runs']} runs, {result.get('eval', 'layerwise')} "
+              f"evaluation)"]
+    memory = result.get("memory")
+    if memory:
+        lines.append(
+            f"Memory: peak RSS {_gb(memory['peak_rss_bytes'])}; graph "
+            f"{_gb(memory['graph_bytes'])}, features "
+            f"{_gb(memory['feature_bytes'])}, host budget "
+            f"{_gb(memory['host_budget_bytes'])}, device budget "
+            f"{_gb(memory['device_budget_bytes'])}, working set "
+            f"{_gb(memory['working_set_bytes'])}")
+    lines.append(f"result: {result['path']}")
     return "\n".join(lines)
+
+
+def _gb(num_bytes: int) -> str:
+    return f"{num_bytes / 1e9:.2f} GB"
 
 
 def compare(results: list[dict]) -> str:

@@ -67,9 +67,9 @@ class TrainConfig:
         cache without changing it). ``"sampled"``: the training fanouts
         over the validation and test nodes only, as DGL's out-of-core
         examples evaluate; the train metric is then the epoch's running
-        accuracy. ``"auto"``: layer-wise unless features are on disk and
-        the host tier cannot hold them all (layer-wise inference reads
-        every row about once per in-edge).
+        accuracy. ``"auto"``: layer-wise, unless features are on disk and
+        its estimated storage reads exceed `LAYERWISE_READ_LIMIT_BYTES`
+        (see `resolve_eval`).
     features_on : str
         ``"memory"`` (rows in RAM) or ``"disk"`` (the feature file, read
         with O_DIRECT by the storage tier).
@@ -288,6 +288,14 @@ def make_loader(config, dataset, sampler, device):
 
 
 _WORKING_SET_BATCHES = 4
+# Batches of rows alive besides the prefetched ones: the one being fetched
+# (rows and the storage tier's read buffers), the one training (rows and
+# its first layer's activations, as wide as the rows), and one more for
+# allocator slack. Measured: peak RSS on synth-igb-large (4 KiB rows,
+# 1.8 GB per batch) exceeded graph + host tier + (prefetch + 2) batches.
+_BATCHES_BESIDE_PREFETCH = 4
+# Per-node state of profile and policies (hop counts, trace, slot tables).
+_BYTES_PER_NODE = 64
 
 
 def working_set_bytes(config, dataset, sampler, device_budget: int,
@@ -295,9 +303,12 @@ def working_set_bytes(config, dataset, sampler, device_budget: int,
     """Host memory a run needs besides the graph and the host tier.
 
     The rows of the batches in flight (the largest input count of a few
-    sampled batches, times ``prefetch + 2``: batches queued, the one being
-    fetched and the one training), the layer-wise evaluation buffers (two
-    layers' outputs for every node) and, on a CPU device, the device tier.
+    sampled batches, times ``prefetch + 4``: batches queued, the one being
+    fetched with its read buffers, the one training with its first
+    layer's activations, and slack), 64 bytes per node of profile and
+    policy state, with ``eval="layerwise"`` its buffers
+    (`layerwise_buffer_bytes`; ``auto`` checks them when it resolves) and,
+    on a CPU device, the device tier.
     """
     seeds = dataset.split["train"]
     generator = torch.Generator().manual_seed(config.seed)
@@ -311,23 +322,49 @@ def working_set_bytes(config, dataset, sampler, device_budget: int,
         input_nodes, _, _ = sampler.sample(dataset.graph, batch)
         most = max(most, input_nodes.numel())
     row_bytes = dataset.manifest.row_bytes
-    total = most * row_bytes * (config.prefetch + 2)
-    if config.eval != "sampled":
-        width = max(config.hidden * config.num_heads, dataset.num_classes)
-        total += 2 * dataset.num_nodes * width * 4
+    total = most * row_bytes * (config.prefetch + _BATCHES_BESIDE_PREFETCH)
+    total += _BYTES_PER_NODE * dataset.num_nodes
+    if config.eval == "layerwise":
+        total += layerwise_buffer_bytes(config, dataset)
     if torch.device(device).type == "cpu":
         total += device_budget
     return int(total)
 
 
+def layerwise_buffer_bytes(config, dataset) -> int:
+    """Host memory of layer-wise inference: two layers' outputs per node."""
+    width = max(config.hidden * config.num_heads, dataset.num_classes)
+    return 2 * dataset.num_nodes * width * 4
+
+
+#: ``eval="auto"`` picks layer-wise inference while its estimated storage
+#: reads stay under this (about a minute at 0.5-1 GB/s).
+LAYERWISE_READ_LIMIT_BYTES = 32 << 30
+
+
 def resolve_eval(config, dataset, loader) -> str:
-    """``layerwise`` or ``sampled``, resolving ``auto``."""
+    """``layerwise`` or ``sampled``, resolving ``auto``.
+
+    With features on disk, layer-wise inference reads each chunk's input
+    rows that the cache does not hold; a chunk's inputs (the chunk and its
+    neighbours, random ids) spread over nearly every page, so the reads
+    are about ``chunks * uncached feature bytes``. ``auto`` keeps
+    layer-wise while that estimate is under `LAYERWISE_READ_LIMIT_BYTES`
+    and its buffers (`layerwise_buffer_bytes`) fit in free memory.
+    """
     if config.eval != "auto":
         return config.eval
     if config.features_on == "memory":
         return "layerwise"
+    from hmgraph.cache.budget import HOST_RESERVE_BYTES, available_bytes
+
     held = loader.plan.device_rows + loader.plan.host_rows
-    return "layerwise" if held >= dataset.num_nodes else "sampled"
+    uncached = max(0, dataset.num_nodes - held) * dataset.manifest.row_bytes
+    chunks = math.ceil(dataset.num_nodes / config.eval_batch_size)
+    fits = layerwise_buffer_bytes(config, dataset) + HOST_RESERVE_BYTES <= \
+        available_bytes("cpu")
+    return "layerwise" if fits and chunks * uncached <= \
+        LAYERWISE_READ_LIMIT_BYTES else "sampled"
 
 
 def peak_rss_bytes() -> int:

@@ -300,3 +300,76 @@ def test_host_budget_that_does_not_fit_is_refused(data_root, tmp_path):
     with pytest.raises(ValueError, match=r"host budget 100\.0 TB plus the "
                        r"run's working set .* exceeds the .* available"):
         train(config)
+
+
+# -- OGB datasets larger than memory ---------------------------------------
+
+def _fake_papers100m(root, num_nodes=3000, num_edges=20000):
+    """A small dataset in ogbn-papers100M's raw layout (binary npz)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    folder = root / "ogbn_papers100M"
+    (folder / "raw").mkdir(parents=True)
+    edge_index = rng.integers(0, num_nodes, (2, num_edges))
+    edge_index = edge_index[:, edge_index[0] != edge_index[1]]
+    feat = rng.standard_normal((num_nodes, 128), dtype=np.float32)
+    np.savez_compressed(folder / "raw" / "data.npz", edge_index=edge_index,
+                        node_feat=feat, node_year=np.zeros((num_nodes, 1)),
+                        num_nodes_list=np.array([num_nodes]),
+                        num_edges_list=np.array([edge_index.shape[1]]))
+    label = rng.integers(0, 172, num_nodes).astype(np.float64)
+    label[rng.random(num_nodes) < 0.5] = np.nan  # unlabelled papers
+    np.savez_compressed(folder / "raw" / "node-label.npz",
+                        node_label=label.reshape(-1, 1))
+    split = folder / "split" / "time"
+    split.mkdir(parents=True)
+    ids = rng.permutation(np.flatnonzero(~np.isnan(label)))
+    for part, chunk in zip(("train", "valid", "test"),
+                           np.array_split(ids, [len(ids) // 2,
+                                                3 * len(ids) // 4]),
+                           strict=True):
+        pd.DataFrame(np.sort(chunk)).to_csv(split / f"{part}.csv.gz",
+                                            header=False, index=False,
+                                            compression="gzip")
+    return edge_index, feat, label
+
+
+def test_papers100m_is_streamed_from_ogb_raw_files(tmp_path, monkeypatch):
+    """ogbn-papers100M's raw files become the feature file chunk by chunk
+    (chunks far smaller than the matrix here), the graph is bidirected,
+    labels and split are OGB's, and a second load reuses both."""
+    from hmgraph.datasets import ogb_stream
+
+    edge_index, feat, label = _fake_papers100m(tmp_path)
+    monkeypatch.setattr(ogb_stream, "_CHUNK_BYTES", 128 * 4 * 100)
+    chunks = list(ogb_stream.npz_member(
+        tmp_path / "ogbn_papers100M" / "raw" / "data.npz",
+        "node_feat").chunks(128 * 4 * 100))
+    assert len(chunks) == 30
+    data = datasets.load("ogbn-papers100M", tmp_path, features_on="disk")
+    assert "feat" not in data.graph.ndata
+    np.testing.assert_array_equal(np.asarray(data.features), feat)
+    src, dst = data.graph.edges()
+    got = set(zip(src.tolist(), dst.tolist(), strict=True))
+    want = {*zip(*edge_index.tolist(), strict=True),
+            *zip(*edge_index[::-1].tolist(), strict=True)}
+    assert got == want
+    known = ~np.isnan(label)
+    np.testing.assert_array_equal(data.labels.numpy()[known],
+                                  label[known].astype(np.int64))
+    assert (data.labels.numpy()[~known] == -1).all()
+    assert data.evaluator.eval_metric == "acc"
+    cache = data.feature_path.parent
+    assert (cache / "graph.dgl").is_file()
+    stamp = data.feature_path.stat().st_mtime_ns
+    again = datasets.load("ogbn-papers100M", tmp_path)
+    assert data.feature_path.stat().st_mtime_ns == stamp
+    np.testing.assert_array_equal(again.features.numpy(), feat)
+    assert again.graph.num_edges() == data.graph.num_edges()
+
+
+def test_papers100m_missing_raw_files_are_named(tmp_path):
+    with pytest.raises(datasets.DatasetError,
+                       match=r"expected .*ogbn_papers100M/raw/data\.npz"):
+        datasets.load("ogbn-papers100M", tmp_path, features_on="disk")

@@ -21,11 +21,17 @@ import torch
 
 from hmgraph.cache.format import read_manifest, verify_feature_file
 from hmgraph.datasets.base import (
+    FEATURE_FILE,
     AccuracyEvaluator,
     NodeDataset,
     as_labels,
     attach_feature_file,
     read_feature_rows,
+)
+from hmgraph.datasets.ogb_stream import (
+    STREAMED,
+    read_raw_graph,
+    stream_features,
 )
 from hmgraph.datasets.planetoid import PLANETOID, find_planetoid
 from hmgraph.datasets.synthetic import SPECS, make_synthetic, meta_dict
@@ -116,6 +122,8 @@ def load(
         if features_on == "memory":
             dataset.graph.ndata["feat"] = read_feature_rows(
                 dataset.feature_path)
+    elif name in STREAMED:
+        dataset = _load_streamed(name, root, features_on, verify, progress)
     else:
         dataset = _load_planetoid(name, root) if name in PLANETOID \
             else _load_ogbn(name, root)
@@ -129,6 +137,44 @@ def load(
     for part in ("train", "valid", "test"):
         if dataset.split[part].numel() == 0:
             raise DatasetError(f"dataset {name} has an empty {part} split")
+    return dataset
+
+
+def _load_streamed(name: str, root: Path, features_on: str, verify: bool,
+                   progress: bool) -> NodeDataset:
+    """An OGB binary dataset read from its raw files, features streamed.
+
+    See `hmgraph.datasets.ogb_stream`: the feature matrix is never held;
+    the feature file and the built graph are cached like other datasets'.
+    """
+    from ogb.nodeproppred import Evaluator
+
+    folder = root / name.replace("-", "_")
+    if not (folder / "raw" / "data.npz").is_file():
+        raise DatasetError(
+            f"{name} is not under {folder} (expected {folder}/raw/data.npz, "
+            f"OGB's layout); fetch it where there is internet with ogb "
+            f"(DglNodePropPredDataset({name!r}, root=...), or download and "
+            f"unzip its archive) and copy its folder {folder.name}/ into "
+            f"{root}"
+        )
+    cache = _cache_folder(folder, name)
+    target = cache / FEATURE_FILE
+    if not target.is_file():
+        stream_features(folder / "raw", target, progress=progress)
+    graph, raw_labels, split = read_raw_graph(folder, cache,
+                                              bidirected=name in _DIRECTED)
+    labels = as_labels(raw_labels)
+    graph.ndata["label"] = labels
+    dataset = NodeDataset(
+        name=name, graph=graph, labels=labels,
+        split={k: torch.as_tensor(v).long() for k, v in split.items()},
+        num_classes=int(labels.max()) + 1, evaluator=Evaluator(name),
+        feature_path=_checked(target, graph.num_nodes(), verify),
+        info={"folder": folder},
+    )
+    if features_on == "memory":
+        graph.ndata["feat"] = read_feature_rows(target)
     return dataset
 
 

@@ -103,23 +103,41 @@ def isolated(function, *args, **kwargs):
 
     ``spawn``: the child imports anew and shares no memory, so its peak
     RSS is its own. An exception in the child is raised here as a
-    ``RuntimeError`` naming it.
+    ``RuntimeError`` naming it; a child that dies (the OOM killer's
+    SIGKILL) is reported with its exit code instead of waited on.
     """
     context = mp.get_context("spawn")
-    with context.Pool(1) as pool:
-        return pool.apply(_call, (function, args, kwargs))
-
-
-def _call(function, args, kwargs):
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_child,
+                            args=(send, function, args, kwargs))
+    child.start()
+    send.close()
     try:
-        return function(*args, **kwargs)
+        ok, value = receive.recv()
+    except EOFError:
+        child.join()
+        raise RuntimeError(
+            f"{function.__name__} died with exit code {child.exitcode} "
+            f"(-9: killed, e.g. by the OOM killer)") from None
+    child.join()
+    if not ok:
+        raise RuntimeError(value)
+    return value
+
+
+def _child(send, function, args, kwargs) -> None:
+    try:
+        send.send((True, function(*args, **kwargs)))
     except Exception as err:  # noqa: BLE001 - carried to the parent
-        raise RuntimeError(f"{type(err).__name__}: {err}") from None
+        send.send((False, f"{type(err).__name__}: {err}"))
+    finally:
+        send.close()
 
 
 def dgl_epoch(dataset, sampler, model, optimizer, features, *,
               batch_size: int, seed: int, max_batches: int = 0,
-              train: bool = True, desc: str = "dgl") -> dict:
+              max_seconds: float = 0.0, train: bool = True,
+              desc: str = "dgl") -> dict:
     """One epoch of DGL's own loader, as a DGL user writes it.
 
     ``dgl.dataloading.DataLoader(graph, train_ids, sampler, batch_size,
@@ -134,12 +152,16 @@ def dgl_epoch(dataset, sampler, model, optimizer, features, *,
         loader alone (sample + gather), the regime of a GPU trainer.
     max_batches : int
         Stop after this many batches (0: the whole epoch).
+    max_seconds : float
+        Stop after the batch that ends past this many seconds (0: no cap);
+        ``capped`` says whether it did.
 
     Returns
     -------
     dict
         ``batches``, ``input_rows``, ``seconds`` (``sample``, ``fetch``,
-        ``train``, ``epoch``) and ``read_bytes`` from block devices.
+        ``train``, ``epoch``), ``seconds_per_batch``, ``capped`` and
+        ``read_bytes`` from block devices.
     """
     import dgl
     from tqdm.auto import tqdm
@@ -157,7 +179,11 @@ def dgl_epoch(dataset, sampler, model, optimizer, features, *,
     start = time.perf_counter()
     bar = tqdm(total=total, desc=desc, leave=False)
     it = iter(loader)
+    capped = False
     while batches < total:
+        if max_seconds and time.perf_counter() - start > max_seconds:
+            capped = True
+            break
         t0 = time.perf_counter()
         input_nodes, output_nodes, blocks = next(it)
         t1 = time.perf_counter()
@@ -180,7 +206,8 @@ def dgl_epoch(dataset, sampler, model, optimizer, features, *,
     bar.close()
     seconds["epoch"] = time.perf_counter() - start
     return {"batches": batches, "input_rows": rows, "seconds": seconds,
-            "read_bytes": read_bytes() - before}
+            "seconds_per_batch": seconds["epoch"] / max(batches, 1),
+            "capped": capped, "read_bytes": read_bytes() - before}
 
 
 def disk_limits(path: str | os.PathLike, seconds: float = 3.0,

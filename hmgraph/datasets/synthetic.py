@@ -19,9 +19,12 @@ Node ids are shuffled at the end, as in real datasets, so communities are
 not contiguous id ranges. The edge list holds every undirected edge once,
 which halves what ogb's saver and reader hold in memory;
 `hmgraph.datasets` adds the reverse edges when it loads the graph.
-Everything is vectorised NumPy, generated in chunks, and written through
-`ogb.io.DatasetSaver`; the dataset is then loaded through
-``DglNodePropPredDataset(..., meta_dict=...)`` like any OGB node dataset.
+Everything is vectorised NumPy, edges drawn in chunks. The graph, labels
+and split are written through `ogb.io.DatasetSaver` and loaded through
+``DglNodePropPredDataset(..., meta_dict=...)`` like any OGB node dataset;
+the features never exist as one matrix: block ``b`` of
+`FEATURE_BLOCK_ROWS` rows has its own seeded generator (`feature_rows`),
+and `write_features` streams the blocks into hmgraph's feature file.
 """
 
 from __future__ import annotations

@@ -45,12 +45,12 @@ def _alive(pid: int) -> bool:
 def test_two_servers_two_trainers_match_single_process(
         parts, data_root, tmp_path, capsys):
     assert main(["train", "--dataset", "synth-tiny", "--root",
-                 str(data_root), "--epochs", "1", "--no-progress",
+                 str(data_root), "--epochs", "3", "--no-progress",
                  "--out", str(tmp_path / "single"), *WORKLOAD]) == 0
     single = json.loads((tmp_path / "single" / "result.json").read_text())
     capsys.readouterr()
     assert main(["train-dist", "--parts-dir", str(parts), "--trainers",
-                 "2", "--epochs", "1", "--cache", "hmgraph",
+                 "2", "--epochs", "3", "--cache", "hmgraph",
                  "--out", str(tmp_path / "dist"), "--timeout", "300",
                  *WORKLOAD]) == 0
     out = capsys.readouterr().out

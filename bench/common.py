@@ -2,8 +2,9 @@
 
 Every bench script builds on this module instead of its own copies:
 
-* `add_workload_arguments` / `parse_fanouts`: the workload flags
-  (dataset, root, fanouts, batch size, hidden width, seed, batches);
+* `add_workload_arguments`: the workload flags (root, fanouts parsed by
+  the CLI's own `parse_fanouts`, batch size, hidden width, seed,
+  batches);
 * `dgl_epoch`: the baseline a DGL user runs today, DGL's own
   ``dgl.dataloading.DataLoader`` with its defaults, rows gathered from an
   in-memory tensor or from an ``np.memmap`` of the feature file (pages
@@ -34,6 +35,9 @@ import psutil
 import torch
 import torch.nn.functional as F
 
+from hmgraph.cli import parse_fanouts
+from hmgraph.train import peak_rss_bytes
+
 __all__ = [
     "add_workload_arguments",
     "dgl_epoch",
@@ -50,19 +54,6 @@ __all__ = [
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def parse_fanouts(text: str) -> list[int]:
-    """``"15,10,5"`` -> ``[15, 10, 5]``; -1 takes every neighbour."""
-    try:
-        fanouts = [int(part) for part in str(text).split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid fanouts {text!r}; use e.g. 15,10,5") from None
-    if not fanouts or any(f == 0 or f < -1 for f in fanouts):
-        raise argparse.ArgumentTypeError(
-            f"invalid fanouts {text!r}: each must be >= 1 or -1")
-    return fanouts
-
-
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags every benchmark shares, with the project's defaults."""
     parser.add_argument("--root", default="data",
@@ -74,13 +65,6 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batches", type=int, default=0,
                         help="batches timed per configuration (0: the "
                         "whole epoch); the same for every configuration")
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process so far, in bytes."""
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def read_bytes() -> int:

@@ -638,12 +638,12 @@ def storage_epoch(path: Path, trace, mapping, max_batches, desc) -> dict:
     read = batches if max_batches is None else min(max_batches, batches)
     planned = planned_read = 0
     bar = progress(batches, desc)
-    with StorageFeature(path) as feature:
+    with StorageFeature(path, block_bytes=PAGE_BYTES) as feature:
         for index, ids in enumerate(trace):
             if mapping is not None:
                 ids = mapping[ids].sort().values
-            # The pages `read` would issue (see `StorageFeature._plan`).
-            pages = sum(task.buffer_pages
+            # The blocks `read` would issue (see `StorageFeature._plan`).
+            pages = sum(task.buffer_blocks
                         for task in feature._plan(ids.numpy()))
             if index < read:
                 feature.read(ids)
@@ -654,19 +654,20 @@ def storage_epoch(path: Path, trace, mapping, max_batches, desc) -> dict:
         stats = feature.stats.as_dict()
         direct = feature.direct
     bar.close()
-    pages = stats["pages_read"] + planned
+    pages = stats["blocks_read"] + planned
     return {
         "batches": batches, "batches_read": read,
+        "block_bytes": stats["block_bytes"],
         "pages": pages,
-        "bytes": stats["bytes_read"] + planned * PAGE_BYTES,
+        "bytes": stats["bytes_read"] + planned * stats["block_bytes"],
         "pages_per_batch": pages / batches if batches else 0.0,
         "rows_per_batch": sum(t.numel() for t in trace) / batches
         if batches else 0.0,
-        "read_pages": stats["pages_read"], "read_bytes": stats["bytes_read"],
-        "read_rows": stats["rows_read"], "read_calls": stats["reads"],
+        "read_pages": stats["blocks_read"], "read_bytes": stats["bytes_read"],
+        "read_rows": stats["rows_read"], "read_calls": stats["io_requests"],
         "read_seconds": stats["seconds"],
         "read_seconds_per_batch": stats["seconds"] / read if read else 0.0,
-        "plan_matches_reads": planned_read == stats["pages_read"],
+        "plan_matches_reads": planned_read == stats["blocks_read"],
         "direct": direct,
     }
 

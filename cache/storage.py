@@ -8,13 +8,15 @@ measures is the SSD, not RAM.
 One read request goes through five steps, all vectorised over the ids:
 
 1. Deduplicate and sort the ids.
-2. Map each row's byte range to its range of 4096-byte pages. Rows may
-   straddle pages; the data start is page aligned, so the file's pages are
-   the units ``O_DIRECT`` can read.
-3. Coalesce the pages into runs of consecutive pages: rows on the same page
-   or on pages at most ``max_gap_bytes`` apart share one run (the gap is
-   read too: a short gap costs less than another request), and no run
-   exceeds ``max_run_bytes``.
+2. Map each row's byte range to its range of blocks: the disk's logical
+   blocks (512 B on most disks), the smallest unit ``O_DIRECT`` can read.
+   Rows may straddle blocks; the data start is page aligned.
+3. Coalesce the blocks into runs of consecutive blocks: rows on the same
+   block or on blocks at most ``max_gap_bytes`` apart share one run (the
+   gap is read too), and no run exceeds ``max_run_bytes``. By default the
+   block size and the gap come from the disk's measured model
+   (`hmgraph.cache.disk`): a gap is read through when moving its bytes
+   costs less than one more request.
 4. Group the runs into tasks of about ``chunk_bytes`` and hand them to a
    thread pool. Each task reads its runs with ``os.preadv`` into one
    page-aligned buffer (an anonymous ``mmap``), then gathers its rows out of
@@ -22,12 +24,17 @@ One read request goes through five steps, all vectorised over the ids:
 5. Scatter the unique rows back to request order.
 
 Coalescing matters more than parallelism on the disks this runs on: they
-serve about 8-15 thousand random 4 KiB ``O_DIRECT`` reads per second, but
-0.5-0.9 GB/s in 1 MiB reads, so a run of 256 pages costs little more than
-one page. The threads keep a few requests queued on the device. Longer
+serve about 5-25 thousand random 4 KiB ``O_DIRECT`` reads per second, but
+0.5-1 GB/s in 1 MiB reads, so a gap of some 50 KiB costs as much as one
+request. The threads keep a few requests queued on the device. Longer
 runs still help when a request covers most of the file (as the input rows
 of a large mini-batch do): one 0.96 GB gather of 531 thousand random rows
 took 1.11 s in 1 MiB runs and 0.85 s in 4 MiB runs, with 4 threads.
+
+The counters (`StorageStats`) are in the disk's units: requests
+(``preadv`` calls), blocks and bytes read, the bytes of the rows served,
+their ratio (read amplification), and the model's seconds for the reads
+issued next to the seconds they took.
 
 Where the filesystem refuses ``O_DIRECT`` the tier falls back to buffered
 reads and warns once.
@@ -49,7 +56,8 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .feature import Feature, torch_dtype
+from .disk import FALLBACK, DiskModel, disk_model, read_plan
+from .feature import Feature, check_ids, torch_dtype
 from .format import PAGE_BYTES, read_manifest
 
 __all__ = ["StorageFeature", "StorageStats"]
@@ -57,53 +65,74 @@ __all__ = ["StorageFeature", "StorageStats"]
 
 @dataclass
 class StorageStats:
-    """Counters of a `StorageFeature`; exact, summed over all reads.
+    """Counters of a `StorageFeature`, in the disk's units; exact sums.
 
     Attributes
     ----------
-    requests : int
+    calls : int
         Calls of ``read``.
     rows_requested : int
         Ids asked for, duplicates included.
     rows_read : int
         Unique rows read from the file.
-    pages_read : int
-        4096-byte pages read from the file.
+    blocks_read : int
+        Blocks of ``block_bytes`` read (gaps read through included).
+    block_bytes : int
+        The read unit: the disk's logical block size, or the page size.
     bytes_read : int
-        Bytes transferred from the file (``pages_read * 4096`` unless a read
-        stopped short).
-    reads : int
-        ``preadv`` calls.
+        Bytes transferred from the file (``blocks_read * block_bytes``
+        unless a read stopped short).
+    useful_bytes : int
+        Bytes of the rows read (``rows_read * row_bytes``).
+    io_requests : int
+        ``preadv`` calls: the requests the disk served.
     seconds : float
         Wall time spent in ``read``.
+    model_seconds : float
+        What the disk model prices the same requests and bytes at
+        (``io_requests / iops + bytes_read / bandwidth``).
     """
 
-    requests: int = 0
+    calls: int = 0
     rows_requested: int = 0
     rows_read: int = 0
-    pages_read: int = 0
+    blocks_read: int = 0
+    block_bytes: int = PAGE_BYTES
     bytes_read: int = 0
-    reads: int = 0
+    useful_bytes: int = 0
+    io_requests: int = 0
     seconds: float = 0.0
+    model_seconds: float = 0.0
+
+    @property
+    def amplification(self) -> float:
+        """Bytes read per byte of row served (0.0 before any read)."""
+        return self.bytes_read / self.useful_bytes if self.useful_bytes \
+            else 0.0
 
     def reset(self) -> None:
-        """Set every counter back to zero."""
+        """Set every counter back to zero (the block size stays)."""
         for field in fields(self):
-            setattr(self, field.name, field.default)
+            if field.name != "block_bytes":
+                setattr(self, field.name, field.default)
 
     def as_dict(self) -> dict:
-        """The counters as a plain dict."""
-        return asdict(self)
+        """The counters as a plain dict, amplification included."""
+        record = asdict(self)
+        record["amplification"] = self.amplification
+        record["seconds_vs_model"] = (self.seconds / self.model_seconds
+                                      if self.model_seconds else None)
+        return record
 
 
 @dataclass(frozen=True)
 class _Task:
-    """One buffer's worth of work: page runs in, rows out."""
+    """One buffer's worth of work: block runs in, rows out."""
 
-    buffer_pages: int
-    run_file_pages: list[int]
-    run_pages: list[int]
-    run_buffer_pages: list[int]
+    buffer_blocks: int
+    run_file_blocks: list[int]
+    run_blocks: list[int]
+    run_buffer_blocks: list[int]
     row_start: int  # slice of the unique rows this task fills
     row_stop: int
     row_elements: np.ndarray  # element offset of each row in the buffer
@@ -117,24 +146,32 @@ class StorageFeature(Feature):
     path : str or os.PathLike
         A feature file written by `hmgraph.cache.format.write_feature_file`.
     num_threads : int
-        Threads issuing reads; default 4.
+        Threads issuing reads (the queue depth); default 4.
     direct : bool
         Open with ``O_DIRECT`` (bypass the page cache); default True. Where
         the filesystem refuses it, reads are buffered and a
         ``RuntimeWarning`` naming the file is emitted once.
+    disk : DiskModel, "auto" or None
+        What the disk charges: ``"auto"`` (default) measures the device
+        once at ``num_threads`` queue depth (cached beside the file, see
+        `hmgraph.cache.disk.disk_model`); None uses
+        `hmgraph.cache.disk.FALLBACK` (4 KiB pages, no measurement).
+    block_bytes : int, optional
+        Read unit; default the model's logical block size (the page size
+        for buffered reads). Must divide 4096.
     max_run_bytes : int
         Largest single read, in bytes; default 4 MiB. Rounded down to whole
-        4096-byte pages; must be at least one page.
+        blocks; must be at least 4096.
     chunk_bytes : int
         Target size of one task's buffer, in bytes; default 16 MiB. Must be
         at least ``max_run_bytes``, since a task holds whole runs. A task
         holds whole rows and keeps adjacent rows together up to this size,
         so its buffer can reach about twice this (plus one row). Small
         requests are split further so that every thread gets work.
-    max_gap_bytes : int
-        Pages between two wanted pages are read too when the gap is at
-        most this many bytes (default 32 KiB): on these disks a short gap
-        costs less than a separate request. 0 reads wanted pages only.
+    max_gap_bytes : int, optional
+        Blocks between two wanted blocks are read too when the gap is at
+        most this many bytes; default the model's break-even gap
+        (`DiskModel.gap_bytes`). 0 reads wanted blocks only.
 
     Attributes
     ----------
@@ -148,6 +185,8 @@ class StorageFeature(Feature):
         Element type of the rows.
     direct : bool
         Whether ``O_DIRECT`` is actually in use.
+    disk : DiskModel
+        The model reads are planned and priced with.
     stats : StorageStats
         Counters of all reads so far.
 
@@ -162,9 +201,11 @@ class StorageFeature(Feature):
         path: str | os.PathLike,
         num_threads: int = 4,
         direct: bool = True,
+        disk: DiskModel | str | None = "auto",
+        block_bytes: int | None = None,
         max_run_bytes: int = 4 << 20,
         chunk_bytes: int = 16 << 20,
-        max_gap_bytes: int = 32 << 10,
+        max_gap_bytes: int | None = None,
     ):
         if not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(
@@ -179,6 +220,14 @@ class StorageFeature(Feature):
             raise ValueError(
                 f"chunk_bytes ({chunk_bytes}) must be at least max_run_bytes "
                 f"({max_run_bytes}): a task reads whole runs"
+            )
+        if max_gap_bytes is not None and max_gap_bytes < 0:
+            raise ValueError(
+                f"max_gap_bytes must be >= 0, got {max_gap_bytes}"
+            )
+        if disk not in ("auto", None) and not isinstance(disk, DiskModel):
+            raise ValueError(
+                f"disk must be a DiskModel, 'auto' or None, got {disk!r}"
             )
         self._fd = -1
         self._closed = True
@@ -197,18 +246,32 @@ class StorageFeature(Feature):
         self._row_numel = int(np.prod(self.row_shape, dtype=np.int64))
         self._data_offset = manifest.data_offset
         self._file_bytes = manifest.file_bytes
-        if max_gap_bytes < 0:
+        self._fd, self.direct = self._open(direct)
+        if disk == "auto":
+            disk = disk_model(self.path, num_threads) if self.direct \
+                else FALLBACK
+        self.disk = disk or FALLBACK
+        if block_bytes is None:
+            block_bytes = self.disk.block_bytes if self.direct else PAGE_BYTES
+        if block_bytes < 1 or PAGE_BYTES % block_bytes \
+                or block_bytes % self._np_dtype.itemsize:
+            os.close(self._fd)
             raise ValueError(
-                f"max_gap_bytes must be >= 0, got {max_gap_bytes}"
+                f"block_bytes must divide {PAGE_BYTES} and be a multiple of "
+                f"the {self._np_dtype.itemsize}-byte element, got "
+                f"{block_bytes}"
             )
-        self._max_gap_pages = max_gap_bytes // PAGE_BYTES
-        self._max_run_pages = max_run_bytes // PAGE_BYTES
-        self._chunk_pages = chunk_bytes // PAGE_BYTES
+        self.block_bytes = block_bytes
+        if max_gap_bytes is None:
+            max_gap_bytes = self.disk.gap_bytes
+        self.max_gap_bytes = max_gap_bytes
+        self._max_gap_blocks = max_gap_bytes // block_bytes
+        self._max_run_blocks = max_run_bytes // block_bytes
+        self._chunk_blocks = chunk_bytes // block_bytes
         self.num_threads = num_threads
-        self.stats = StorageStats()
+        self.stats = StorageStats(block_bytes=block_bytes)
         self._lock = threading.Lock()
         self._buffers = threading.local()
-        self._fd, self.direct = self._open(direct)
         self._pool = ThreadPoolExecutor(
             num_threads, thread_name_prefix="hmgraph-storage"
         )
@@ -245,7 +308,7 @@ class StorageFeature(Feature):
     def read(self, ids) -> torch.Tensor:
         """See `Feature.read`.
 
-        Reads the pages holding the rows from the file; rows come back on
+        Reads the blocks holding the rows from the file; rows come back on
         the CPU.
 
         Raises
@@ -254,18 +317,70 @@ class StorageFeature(Feature):
             If the feature is closed, or the file was cut short since it
             was opened.
         """
-        if self._closed:
-            raise ValueError(f"StorageFeature of {self.path} is closed")
+        self._check_open()
         return super().read(ids)
 
-    def _read(self, ids: torch.Tensor) -> torch.Tensor:
-        began = time.perf_counter()
-        # (1) Unique sorted ids, and where each request goes.
+    def read_along(self, ids, candidates: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows of ``ids``, plus the candidates their reads bring along.
+
+        A candidate whose bytes lie inside the block runs planned for
+        ``ids`` (on a block read anyway, or in a gap read through) costs
+        no request and no byte more; it is returned too.
+
+        Parameters
+        ----------
+        ids : torch.Tensor
+            Ids to read, as for `read`.
+        candidates : torch.Tensor
+            Sorted unique int64 ids worth having (e.g. rows the next
+            batches need), disjoint from ``ids``.
+
+        Returns
+        -------
+        (torch.Tensor, torch.Tensor, torch.Tensor)
+            The rows of ``ids``; the candidates brought along (sorted) and
+            their rows.
+        """
+        self._check_open()
+        ids = check_ids(ids, self.num_rows)
         unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
+        taken = candidates[:0]
+        if unique.numel() and candidates.numel() and self._row_numel:
+            plan = read_plan(unique.numpy(), self._row_nbytes,
+                             self._data_offset, self.block_bytes,
+                             self._max_gap_blocks)
+            inside = plan.covers(candidates.numpy(), self._row_nbytes,
+                                 self._data_offset, self.block_bytes)
+            taken = candidates[torch.from_numpy(inside)]
+        if not taken.numel():
+            return self._read(ids), taken, torch.empty(
+                (0, *self.row_shape), dtype=self.dtype)
+        union, order = torch.sort(torch.cat([unique, taken]))
+        rows = self._read_sorted(union)
+        where = torch.empty_like(order)
+        where[order] = torch.arange(order.numel())
+        mine = rows[where[:unique.numel()]]
+        return mine[inverse], taken, rows[where[unique.numel():]]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"StorageFeature of {self.path} is closed")
+
+    def _read(self, ids: torch.Tensor) -> torch.Tensor:
+        unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
+        rows = self._read_sorted(unique, len(ids))
+        if len(unique) != len(ids) or not bool((ids[1:] > ids[:-1]).all()):
+            rows = rows[inverse]
+        return rows
+
+    def _read_sorted(self, unique: torch.Tensor,
+                     requested: int | None = None) -> torch.Tensor:
+        """Rows of sorted unique ids: plan, read in tasks, gather."""
+        began = time.perf_counter()
         rows = torch.empty((len(unique), *self.row_shape), dtype=self.dtype)
-        pages = nbytes = reads = 0
+        blocks = nbytes = reads = 0
         if len(unique) and self._row_numel:
-            # (2)-(4) Plan page runs, read them in tasks, gather rows.
             out = rows.numpy().reshape(len(unique), self._row_numel)
             tasks = self._plan(unique.numpy())
             try:
@@ -276,46 +391,44 @@ class StorageFeature(Feature):
                     f"StorageFeature of {self.path} is closed"
                 ) from None
             for future in futures:
-                task_pages, task_bytes, task_reads = future.result()
-                pages += task_pages
+                task_blocks, task_bytes, task_reads = future.result()
+                blocks += task_blocks
                 nbytes += task_bytes
                 reads += task_reads
-        # (5) Back to request order.
-        if len(unique) != len(ids) or not bool((ids[1:] > ids[:-1]).all()):
-            rows = rows[inverse]
         with self._lock:
             stats = self.stats
-            stats.requests += 1
-            stats.rows_requested += len(ids)
+            stats.calls += 1
+            stats.rows_requested += len(unique) if requested is None \
+                else requested
             stats.rows_read += len(unique)
-            stats.pages_read += pages
+            stats.blocks_read += blocks
             stats.bytes_read += nbytes
-            stats.reads += reads
+            stats.useful_bytes += len(unique) * self._row_nbytes
+            stats.io_requests += reads
             stats.seconds += time.perf_counter() - began
+            stats.model_seconds += self.disk.seconds(reads, nbytes)
         return rows
 
     def _plan(self, unique: np.ndarray) -> list[_Task]:
-        """Page runs and buffer layout for sorted unique row ids."""
+        """Block runs and buffer layout for sorted unique row ids."""
         count = len(unique)
-        # (2) Each row's byte range and page range (last page inclusive).
+        block = self.block_bytes
+        # (2)-(3) Each row's block range; segments of consecutive blocks
+        # (short gaps read through).
+        plan = read_plan(unique, self._row_nbytes, self._data_offset, block,
+                         self._max_gap_blocks)
+        first, last, opens = plan.first, plan.last, plan.opens
         start = self._data_offset + unique * self._row_nbytes
-        first = start // PAGE_BYTES
-        last = (start + self._row_nbytes - 1) // PAGE_BYTES
-        # (3) Segments of consecutive pages: a row opens one unless it
-        # begins on, or within `max_gap_pages` after, the previous row's
-        # last page (reading a short gap is cheaper than another request).
-        opens = np.ones(count, dtype=bool)
-        opens[1:] = first[1:] > last[:-1] + 1 + self._max_gap_pages
         before = np.empty(count, dtype=np.int64)
         before[0] = first[0] - 1
         before[1:] = last[:-1]
-        total_pages = int((last - np.maximum(first - 1, before)).sum())
-        # Tasks of `target` pages keep every thread busy on small requests;
-        # long segments are cut (between rows) every `cut` pages, no finer
-        # than a run, since a row straddling the cut costs one page twice.
-        target = min(self._chunk_pages,
-                     max(1, -(-total_pages // self.num_threads)))
-        cut = max(target, self._max_run_pages)
+        total_blocks = int((last - np.maximum(first - 1, before)).sum())
+        # Tasks of `target` blocks keep every thread busy on small requests;
+        # long segments are cut (between rows) every `cut` blocks, no finer
+        # than a run, since a row straddling the cut costs a block twice.
+        target = min(self._chunk_blocks,
+                     max(1, -(-total_blocks // self.num_threads)))
+        cut = max(target, self._max_run_blocks)
         segment = np.cumsum(opens) - 1
         offset = first - first[opens][segment]
         piece = offset // cut
@@ -324,10 +437,10 @@ class StorageFeature(Feature):
         seg_rows = np.flatnonzero(opens)
         seg_first = first[seg_rows]
         seg_last = last[np.append(seg_rows[1:], count) - 1]
-        seg_pages = seg_last - seg_first + 1
-        # (4) Tasks: consecutive segments, about `target` pages each. A
-        # segment's pages sit back to back in its task's buffer.
-        seg_before = np.cumsum(seg_pages) - seg_pages
+        seg_blocks = seg_last - seg_first + 1
+        # (4) Tasks: consecutive segments, about `target` blocks each. A
+        # segment's blocks sit back to back in its task's buffer.
+        seg_before = np.cumsum(seg_blocks) - seg_blocks
         bucket = seg_before // target
         task_opens = np.ones(len(seg_rows), dtype=bool)
         task_opens[1:] = bucket[1:] != bucket[:-1]
@@ -335,33 +448,33 @@ class StorageFeature(Feature):
         task_segs = np.flatnonzero(task_opens)
         seg_buffer = seg_before - seg_before[task_segs][seg_task]
         # Element offset of each row in its task's buffer; the buffer and
-        # the file's pages are aligned, so it divides by the itemsize.
-        row_bytes = (seg_buffer - seg_first)[segment] * PAGE_BYTES + start
+        # the file's blocks are aligned, so it divides by the itemsize.
+        row_bytes = (seg_buffer - seg_first)[segment] * block + start
         row_elements = row_bytes // self._np_dtype.itemsize
-        # Runs: segments cut into pieces of at most `max_run_pages`.
-        run_count = -(-seg_pages // self._max_run_pages)
+        # Runs: segments cut into pieces of at most `max_run_blocks`.
+        run_count = -(-seg_blocks // self._max_run_blocks)
         run_seg = np.repeat(np.arange(len(seg_rows)), run_count)
         run_index = np.arange(len(run_seg)) - np.repeat(
             np.cumsum(run_count) - run_count, run_count)
-        run_skip = run_index * self._max_run_pages
+        run_skip = run_index * self._max_run_blocks
         run_first = seg_first[run_seg] + run_skip
-        run_pages = np.minimum(self._max_run_pages,
-                               seg_last[run_seg] - run_first + 1)
+        run_blocks = np.minimum(self._max_run_blocks,
+                                seg_last[run_seg] - run_first + 1)
         run_buffer = seg_buffer[run_seg] + run_skip
         # Slices of rows and runs per task.
         task_rows = np.append(seg_rows[task_segs], count)
         task_runs = np.append(np.searchsorted(run_seg, task_segs),
                               len(run_seg))
-        task_pages = np.add.reduceat(seg_pages, task_segs)
+        task_blocks = np.add.reduceat(seg_blocks, task_segs)
         tasks = []
         for index in range(len(task_segs)):
             runs = slice(task_runs[index], task_runs[index + 1])
             rows = slice(task_rows[index], task_rows[index + 1])
             tasks.append(_Task(
-                buffer_pages=int(task_pages[index]),
-                run_file_pages=run_first[runs].tolist(),
-                run_pages=run_pages[runs].tolist(),
-                run_buffer_pages=run_buffer[runs].tolist(),
+                buffer_blocks=int(task_blocks[index]),
+                run_file_blocks=run_first[runs].tolist(),
+                run_blocks=run_blocks[runs].tolist(),
+                run_buffer_blocks=run_buffer[runs].tolist(),
                 row_start=rows.start,
                 row_stop=rows.stop,
                 row_elements=row_elements[rows],
@@ -374,18 +487,19 @@ class StorageFeature(Feature):
         Returns
         -------
         (int, int, int)
-            Pages read, bytes transferred and ``preadv`` calls.
+            Blocks read, bytes transferred and ``preadv`` calls.
         """
-        buffer = self._buffer(task.buffer_pages * PAGE_BYTES)
+        block = self.block_bytes
+        buffer = self._buffer(task.buffer_blocks * block)
         view = memoryview(buffer)
         nbytes = reads = 0
-        for file_page, pages, buffer_page in zip(
-            task.run_file_pages, task.run_pages, task.run_buffer_pages,
+        for file_block, blocks, buffer_block in zip(
+            task.run_file_blocks, task.run_blocks, task.run_buffer_blocks,
             strict=True,
         ):
-            low = buffer_page * PAGE_BYTES
+            low = buffer_block * block
             run_bytes, run_reads = self._read_run(
-                view[low:low + pages * PAGE_BYTES], file_page * PAGE_BYTES
+                view[low:low + blocks * block], file_block * block
             )
             nbytes += run_bytes
             reads += run_reads
@@ -394,7 +508,7 @@ class StorageFeature(Feature):
         elements = np.frombuffer(buffer, dtype=self._np_dtype)
         windows = sliding_window_view(elements, self._row_numel)
         out[task.row_start:task.row_stop] = windows[task.row_elements]
-        return sum(task.run_pages), nbytes, reads
+        return sum(task.run_blocks), nbytes, reads
 
     def _buffer(self, nbytes: int) -> mmap.mmap:
         """This thread's page-aligned buffer of at least ``nbytes``.
@@ -419,8 +533,8 @@ class StorageFeature(Feature):
             nbytes += got
             reached = done + got
             if self.direct and reached < length:
-                # O_DIRECT continues from a page boundary only.
-                reached -= reached % PAGE_BYTES
+                # O_DIRECT continues from a block boundary only.
+                reached -= reached % self.block_bytes
             if reached <= done:
                 raise ValueError(
                     f"feature file {self.path} is truncated: a read at byte "
@@ -451,4 +565,5 @@ class StorageFeature(Feature):
     def __repr__(self) -> str:
         return (f"StorageFeature({str(self.path)!r}, "
                 f"num_rows={self.num_rows}, row_shape={self.row_shape}, "
-                f"dtype={self.dtype}, direct={self.direct})")
+                f"dtype={self.dtype}, direct={self.direct}, "
+                f"block_bytes={self.block_bytes})")

@@ -147,11 +147,11 @@ def test_second_read_makes_no_storage_read(rows, feature_path, policy):
     with make_cache(policy, BUDGETS["all-rows"], source) as cache:
         ids = torch.randperm(NUM_ROWS)[:150]
         check_feature_contract(cache, rows, ids)
-        pages = source.stats.pages_read
+        pages = source.stats.blocks_read
         missed = cache.stats.hits["source"]
         assert pages > 0 and missed <= 150
         check_feature_contract(cache, rows, ids)
-        assert source.stats.pages_read == pages
+        assert source.stats.blocks_read == pages
         assert cache.stats.hits["source"] == missed
 
 
@@ -274,7 +274,7 @@ def test_loader_over_disk_keeps_the_contract(tiny, policy, prefetch):
             assert torch.equal(blocks[-1].dstdata["label"],
                                tiny.labels[output_nodes])
     stats = loader.stats.as_dict()
-    assert stats["storage"]["pages_read"] > 0
+    assert stats["storage"]["blocks_read"] > 0
     hits = stats["cache"]["hits"]
     assert sum(hits.values()) == stats["rows_requested"]
     if policy is not None:

@@ -184,7 +184,7 @@ def test_renumbering_reads_fewer_pages(tiny, clusters):
                                     batch_size=128)
         for _ in loader:
             pass
-        pages[name] = loader.stats.storage.pages_read
+        pages[name] = loader.stats.storage.bytes_read
         loader.close()
     assert pages["renumbered"] < 0.5 * pages["original"], pages
 

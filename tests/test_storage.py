@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import mmap
 import os
 import re
@@ -19,7 +20,8 @@ from contract import check_feature_contract
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hmgraph.cache import storage
+from hmgraph.cache import disk, storage
+from hmgraph.cache.disk import DiskModel, disk_model, measure_disk
 from hmgraph.cache.format import (
     DATA_OFFSET,
     PAGE_BYTES,
@@ -39,8 +41,15 @@ ROWS = {
     "wider-than-a-page": ((60, 1500), np.float32),
 }
 
+#: A fixed disk model: counters below do not depend on this machine.
+MODEL = DiskModel(block_bytes=512, iops=10_000.0, bandwidth=500e6,
+                  queue_depth=4)
+#: Page-granular reads with 32 KiB gaps read through (the old constants).
+PAGES = {"disk": MODEL, "block_bytes": PAGE_BYTES, "max_gap_bytes": 32 << 10}
+
 CONFIGS = {
     "default": {},
+    "sectors-no-gaps": {"disk": MODEL, "max_gap_bytes": 0},
     "one-thread": {"num_threads": 1},
     "one-page-runs": {"max_run_bytes": PAGE_BYTES,
                       "chunk_bytes": 2 * PAGE_BYTES, "num_threads": 3},
@@ -156,64 +165,70 @@ def test_int32_and_numpy_ids(disk_dir):
 def test_contiguous_rows_read_their_pages_once(disk_dir):
     rows = make_rows((1000, 100), np.float32)  # 400 bytes a row
     write_feature_file(disk_dir / "feat.bin", rows)
-    with StorageFeature(disk_dir / "feat.bin") as feature:
+    with StorageFeature(disk_dir / "feat.bin", **PAGES) as feature:
         feature.read(torch.arange(10))  # 4000 bytes: one page
-        assert feature.stats.pages_read == 1
+        assert feature.stats.blocks_read == 1
         assert feature.stats.bytes_read == PAGE_BYTES
         feature.stats.reset()
         feature.read(torch.arange(11))  # 4400 bytes: two pages
-        assert (feature.stats.pages_read, feature.stats.reads) == (2, 1)
+        assert (feature.stats.blocks_read, feature.stats.io_requests) == (2, 1)
         feature.stats.reset()
         feature.read(torch.arange(1000))  # 400,000 bytes: 98 pages
-        assert feature.stats.pages_read == -(-400_000 // PAGE_BYTES)
-        assert feature.stats.reads == 1  # one run, under max_run_bytes
+        assert feature.stats.blocks_read == -(-400_000 // PAGE_BYTES)
+        assert feature.stats.io_requests == 1  # one run, under max_run_bytes
 
 
 def test_duplicates_read_once_and_counters_are_exact(disk_dir):
     rows = make_rows((1000, 100), np.float32)
     write_feature_file(disk_dir / "feat.bin", rows)
-    with StorageFeature(disk_dir / "feat.bin") as feature:
+    with StorageFeature(disk_dir / "feat.bin", **PAGES) as feature:
         assert feature.stats == StorageStats()
         feature.read(torch.tensor([500, 500, 500]))
-        assert feature.stats.as_dict() | {"seconds": 0.0} == {
-            "requests": 1, "rows_requested": 3, "rows_read": 1,
-            "pages_read": 1, "bytes_read": PAGE_BYTES, "reads": 1,
-            "seconds": 0.0,
+        record = feature.stats.as_dict()
+        assert record["model_seconds"] == pytest.approx(
+            1 / MODEL.iops + PAGE_BYTES / MODEL.bandwidth)
+        assert record | {"seconds": 0.0, "model_seconds": 0.0,
+                         "seconds_vs_model": 0.0} == {
+            "calls": 1, "rows_requested": 3, "rows_read": 1,
+            "blocks_read": 1, "block_bytes": PAGE_BYTES,
+            "bytes_read": PAGE_BYTES, "useful_bytes": 400, "io_requests": 1,
+            "seconds": 0.0, "model_seconds": 0.0,
+            "amplification": PAGE_BYTES / 400, "seconds_vs_model": 0.0,
         }
         # Rows 0 and 1 share page 0; row 999 sits far away: two runs.
         feature.read(torch.tensor([999, 1, 0, 1]))
-        assert feature.stats.requests == 2
+        assert feature.stats.calls == 2
         assert feature.stats.rows_requested == 7
         assert feature.stats.rows_read == 1 + 3
-        assert feature.stats.pages_read == 1 + 2
-        assert feature.stats.reads == 1 + 2
+        assert feature.stats.blocks_read == 1 + 2
+        assert feature.stats.io_requests == 1 + 2
         # Rows on adjacent pages share a run: row 10 is on pages 0-1.
         feature.stats.reset()
         feature.read(torch.tensor([10, 21]))  # pages 0-1 and 2
-        assert (feature.stats.pages_read, feature.stats.reads) == (3, 1)
+        assert (feature.stats.blocks_read, feature.stats.io_requests) == (3, 1)
         feature.read(torch.zeros(0, dtype=torch.int64))
-        assert feature.stats.requests == 2
-        assert feature.stats.pages_read == 3
+        assert feature.stats.calls == 2
+        assert feature.stats.blocks_read == 3
         assert feature.stats.seconds > 0.0
         feature.stats.reset()
-        assert feature.stats == StorageStats()
+        assert feature.stats == StorageStats(block_bytes=PAGE_BYTES)
 
 
 def test_small_runs_mean_more_reads_same_rows(disk_dir):
     rows = make_rows((2000, 100), np.float32)  # 800,000 bytes
     write_feature_file(disk_dir / "feat.bin", rows)
     ids = torch.arange(2000)
-    with StorageFeature(disk_dir / "feat.bin") as big, StorageFeature(
-        disk_dir / "feat.bin", max_run_bytes=4 * PAGE_BYTES
-    ) as small:
+    with StorageFeature(disk_dir / "feat.bin", **PAGES) as big, \
+            StorageFeature(disk_dir / "feat.bin", **PAGES,
+                           max_run_bytes=4 * PAGE_BYTES) as small:
         assert big.read(ids).numpy().tobytes() == rows.tobytes()
         assert small.read(ids).numpy().tobytes() == rows.tobytes()
         pages = -(-800_000 // PAGE_BYTES)
-        assert big.stats.pages_read == pages
-        assert big.stats.reads == 1
+        assert big.stats.blocks_read == pages
+        assert big.stats.io_requests == 1
         # Tasks split between rows: a straddling row costs a page twice.
-        assert pages <= small.stats.pages_read < pages + small.num_threads
-        assert small.stats.reads >= pages // 4
+        assert pages <= small.stats.blocks_read < pages + small.num_threads
+        assert small.stats.io_requests >= pages // 4
 
 
 # Direct I/O --------------------------------------------------------------
@@ -313,7 +328,7 @@ def test_ids_out_of_range(small):
         small.read(torch.tensor([5, 1000, 1002, 3]))
     with pytest.raises(ValueError, match="id -1 out of range"):
         small.read(torch.tensor([-1, 0]))
-    assert small.stats.requests == 0
+    assert small.stats.calls == 0
 
 
 def test_float_ids_are_refused(small):
@@ -405,7 +420,7 @@ def test_concurrent_callers(disk_dir):
         for caller in callers:
             caller.join()
         assert not errors
-        assert feature.stats.requests == 6
+        assert feature.stats.calls == 6
         assert feature.stats.rows_requested == 3000
         assert feature.stats.rows_read == sum(
             len(np.unique(ids)) for ids in id_sets)
@@ -428,11 +443,109 @@ def test_short_gaps_are_read_through(disk_dir, gap_pages):
     write_feature_file(path, rows)
     ids = np.arange(0, 1024, 3)  # two unwanted pages between wanted ones
     with StorageFeature(path, max_gap_bytes=gap_pages * 4096,
-                        num_threads=1) as feature:
+                        block_bytes=PAGE_BYTES, num_threads=1) as feature:
         check_feature_contract(feature, rows, ids)
         if gap_pages >= 2:  # long runs through the gaps
-            assert len(ids) < feature.stats.pages_read <= ids[-1] + 1
-            assert feature.stats.reads < 10
+            assert len(ids) < feature.stats.blocks_read <= ids[-1] + 1
+            assert feature.stats.io_requests < 10
         else:
-            assert feature.stats.pages_read == len(ids)
-            assert feature.stats.reads == len(ids)
+            assert feature.stats.blocks_read == len(ids)
+            assert feature.stats.io_requests == len(ids)
+
+
+# Blocks, amplification and the disk model -------------------------------
+
+def test_sector_reads_cost_the_rows_bytes_only(disk_dir):
+    """512 B rows on 512 B blocks, no gaps: amplification 1, not 8."""
+    rows = make_rows((4096, 128), np.float32)  # 512 B a row
+    write_feature_file(disk_dir / "feat.bin", rows)
+    ids = np.arange(0, 4096, 37)
+    with StorageFeature(disk_dir / "feat.bin", disk=MODEL,
+                        max_gap_bytes=0) as sectors, \
+            StorageFeature(disk_dir / "feat.bin", disk=MODEL,
+                           block_bytes=PAGE_BYTES, max_gap_bytes=0) as pages:
+        check_feature_contract(sectors, rows, ids)
+        assert sectors.block_bytes == 512
+        assert sectors.stats.blocks_read == len(ids)
+        assert sectors.stats.io_requests == len(ids)
+        assert sectors.stats.amplification == 1.0
+        pages.read(torch.from_numpy(ids))
+        assert pages.stats.bytes_read == len(ids) * PAGE_BYTES  # 37 apart
+        assert pages.stats.amplification == 8.0
+
+
+def test_model_prices_gaps(disk_dir):
+    """The default gap is the model's break-even: bandwidth / iops bytes."""
+    rows = make_rows((1024, 1024), np.float32)  # one row per page
+    write_feature_file(disk_dir / "feat.bin", rows)
+    slow_requests = DiskModel(512, iops=100.0, bandwidth=1e6, queue_depth=4)
+    fast_requests = DiskModel(512, iops=1e6, bandwidth=1e6, queue_depth=4)
+    assert slow_requests.gap_bytes == 10_000
+    assert slow_requests.seconds(3, 2_000_000) == pytest.approx(2.03)
+    ids = torch.arange(0, 1024, 3)  # 8 KiB gaps
+    with StorageFeature(disk_dir / "feat.bin", disk=slow_requests) as a, \
+            StorageFeature(disk_dir / "feat.bin", disk=fast_requests) as b:
+        assert a.read(ids).numpy().tobytes() == rows[ids].tobytes()
+        assert b.read(ids).numpy().tobytes() == rows[ids].tobytes()
+        assert a.stats.io_requests == 1  # gaps read through
+        assert a.stats.amplification == pytest.approx(
+            (int(ids[-1]) + 1) / len(ids), rel=1e-3)
+        assert b.stats.io_requests == len(ids)  # gaps skipped
+        assert b.stats.amplification == 1.0
+        assert a.stats.model_seconds == pytest.approx(
+            1 / 100 + a.stats.bytes_read / 1e6)
+
+
+def test_read_along_returns_candidates_on_blocks_read(disk_dir):
+    rows = make_rows((2000, 100), np.float32)  # 400 B rows
+    write_feature_file(disk_dir / "feat.bin", rows)
+    with StorageFeature(disk_dir / "feat.bin", **PAGES) as feature:
+        # 11 shares row 10's page, 30 is in a gap read through (rows 10
+        # and 60 are 20 KB apart), 1900 is far from everything.
+        ids = torch.tensor([60, 10, 10])
+        candidates = torch.tensor([11, 30, 1900])
+        got, taken, taken_rows = feature.read_along(ids, candidates)
+        assert got.numpy().tobytes() == rows[[60, 10, 10]].tobytes()
+        assert taken.tolist() == [11, 30]
+        assert taken_rows.numpy().tobytes() == rows[[11, 30]].tobytes()
+        assert feature.stats.io_requests == 1
+        assert feature.stats.rows_read == 4
+        got, taken, _ = feature.read_along(ids, torch.tensor([1900]))
+        assert taken.numel() == 0
+        assert got.numpy().tobytes() == rows[[60, 10, 10]].tobytes()
+
+
+def test_disk_model_is_measured_once_and_cached_beside_the_file(
+        disk_dir, monkeypatch):
+    write_feature_file(disk_dir / "feat.bin", make_rows((5000, 100),
+                                                        np.float32))
+    path = disk_dir / "feat.bin"
+    model = measure_disk(path, queue_depth=2, seconds=0.2)
+    assert 4096 % model.block_bytes == 0 and model.block_bytes >= 512
+    assert model.iops > 0 and model.bandwidth > 0
+    assert model.device == path.stat().st_dev
+    monkeypatch.setattr(disk, "_memo", {})
+    first = disk_model(path, queue_depth=3, seconds=0.2)
+    cache = disk_dir / "feat.bin.disk.json"
+    record = json.loads(cache.read_text())
+    assert record["iops"] == first.iops and record["queue_depth"] == 3
+    # A fresh process reads the cache instead of measuring again...
+    monkeypatch.setattr(disk, "_memo", {})
+    monkeypatch.setattr(disk, "measure_disk", _refuse)
+    assert disk_model(path, queue_depth=3) == first
+    # ...unless it was measured on another device.
+    cache.write_text(json.dumps(dict(record, device=record["device"] + 1)))
+    monkeypatch.setattr(disk, "_memo", {})
+    with pytest.raises(AssertionError, match="measured again"):
+        disk_model(path, queue_depth=3)
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("measured again")
+
+
+def test_disk_model_rejects_bad_values():
+    with pytest.raises(ValueError, match="block_bytes must divide 4096"):
+        DiskModel(3000, 1.0, 1.0, 1)
+    with pytest.raises(ValueError, match="must be positive"):
+        DiskModel(512, 0.0, 1.0, 1)

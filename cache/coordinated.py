@@ -16,6 +16,15 @@ policy with one or more slot stores:
 
 Lookups resolve layer by layer in vectorised steps; misses of the last
 layer are read from the source in one call.
+
+**Window read planning.** Over a storage tier, the lookahead window also
+plans reads: the disk reads whole blocks (and short gaps), so rows the
+next batches need often sit on blocks this batch reads anyway. The cache
+asks the tier for them too (`StorageFeature.read_along`) and keeps them in
+a host **staging** store, charged to the host budget, until the batch that
+needs them; a block is then read once per window instead of once per
+batch. Staged rows never enter the policy's tiers: they serve one window
+and are dropped when no batch in the window needs them any more.
 """
 
 from __future__ import annotations
@@ -62,12 +71,14 @@ class CacheStats:
     rows_requested : int
         Unique ids asked, summed over reads.
     hits : dict of str to int
-        Rows served per store name (``device``, ``host``) and ``source``.
+        Rows served per store name (``device``, ``host``, ``staged``: rows
+        brought along by an earlier batch's reads) and ``source``.
     admitted, evicted : dict of str to int
         Rows inserted into / removed from each store while reading.
     bytes : dict of str to int
-        Bytes per link: ``storage->host`` (rows from the source) and
-        ``host->device`` (rows that crossed to the training device).
+        Bytes per link: ``storage->host`` (rows from the source, staged
+        rows included) and ``host->device`` (rows that crossed to the
+        training device).
     seconds : float
         Wall time spent in reads.
     """
@@ -146,6 +157,9 @@ class FeatureCache(Feature):
         Consulted in order; an id missed by one layer goes to the next.
     device : torch.device or str
         Where `read` returns rows (the training device).
+    staging_rows : int
+        Host rows for window read planning (0: off). Used when the source
+        has ``read_along`` (the storage tier) and reads get ``future``.
 
     Notes
     -----
@@ -155,7 +169,7 @@ class FeatureCache(Feature):
     """
 
     def __init__(self, source: Feature, layers: Sequence[Layer],
-                 device="cpu"):
+                 device="cpu", staging_rows: int = 0):
         self.source = source
         self.layers = list(layers)
         self.num_rows = source.num_rows
@@ -163,6 +177,14 @@ class FeatureCache(Feature):
         self.dtype = source.dtype
         self.device = torch.device(device)
         self.stats = CacheStats()
+        self.staging = None
+        if staging_rows and hasattr(source, "read_along"):
+            self.staging = SlotStore(
+                "staged", self.num_rows, self.row_shape, self.dtype,
+                min(staging_rows, self.num_rows), "cpu",
+                pin=self.device.type == "cuda")
+            # Per row, 1 + distance to its next use in the window (or 0).
+            self._marks = torch.zeros(self.num_rows, dtype=torch.int8)
         for layer in self.layers:
             self._warm(layer)
 
@@ -176,6 +198,8 @@ class FeatureCache(Feature):
         held: dict[str, int] = {}
         for store in self.stores:
             _add(held, store.name, store.nbytes)
+        if self.staging is not None:
+            _add(held, "staged", self.staging.nbytes)
         return held
 
     def read(self, ids, future: Sequence[torch.Tensor] = ()) -> torch.Tensor:
@@ -210,10 +234,25 @@ class FeatureCache(Feature):
             assert torch.equal(served, step.hit), "stores and policy differ"
             pending = pending[~served]
             admissions.append((layer, step))
-        # (2) The rest comes from the source.
+        # (2) Rows staged by earlier reads, then the source.
+        if self.staging is not None and pending.numel():
+            slots = self.staging.slots(unique[pending])
+            found = slots >= 0
+            if found.any():
+                out[where(pending[found])] = self.staging.gather(
+                    slots[found]).to(self.device)
+                self._count_hits("staged", int(found.sum()))
+                pending = pending[~found]
         missed = unique[pending]
+        along = None
+        if self.staging is not None:
+            self._mark_window(future)
         if missed.numel():
-            rows = self.source.read(missed)
+            if self.staging is not None and future:
+                rows, *along = self.source.read_along(
+                    missed, self._candidates(unique))
+            else:
+                rows = self.source.read(missed)
             out[where(pending)] = rows.to(self.device)
             del rows
             _add(self.stats.bytes, "storage->host",
@@ -222,10 +261,52 @@ class FeatureCache(Feature):
         # (3) Apply evictions, then admissions (rows are all in `out`).
         for layer, step in admissions:
             self._apply(layer, step, unique, out, where)
+        if self.staging is not None:
+            self._restage(along)
         self.stats.requests += 1
         self.stats.rows_requested += unique.numel()
         self.stats.seconds += time.perf_counter() - start
         return out if inverse is None else out[inverse.to(self.device)]
+
+    def _mark_window(self, future) -> torch.Tensor:
+        """Per row: 1 + distance to its first use in the window, else 0."""
+        marks = self._marks
+        marks.zero_()
+        for distance in range(len(future), 0, -1):
+            marks[future[distance - 1]] = min(distance, 127)
+        return marks
+
+    def _candidates(self, unique: torch.Tensor) -> torch.Tensor:
+        """Sorted ids the window needs that are not cached, not staged and
+        not in this batch: worth bringing along."""
+        wanted = self._marks > 0
+        wanted[unique] = False
+        for layer in self.layers:
+            wanted &= ~layer.policy.resident
+        wanted &= self.staging.slot_of < 0
+        return wanted.nonzero().squeeze(1)
+
+    def _restage(self, along) -> None:
+        """Drop staged rows the window no longer needs (or a tier now
+        holds); stage new ones, those needed soonest first."""
+        staging, marks = self.staging, self._marks
+        held = staging.id_of[staging.id_of >= 0]
+        if held.numel():
+            needed = marks[held] > 0
+            for layer in self.layers:
+                needed &= ~layer.policy.resident[held]
+            freed = staging.remove(held[~needed])
+            _add(self.stats.evicted, "staged", freed.numel())
+        if along is None or not along[0].numel() or not staging.num_free:
+            return
+        ids, rows = along
+        if ids.numel() > staging.num_free:
+            order = torch.argsort(marks[ids], stable=True)
+            order = order[:staging.num_free]
+            ids, rows = ids[order], rows[order]
+        staging.insert(ids, rows)
+        _add(self.stats.admitted, "staged", ids.numel())
+        _add(self.stats.bytes, "storage->host", self.row_bytes * ids.numel())
 
     def _count_hits(self, tier: str, rows: int) -> None:
         """Rows served by ``tier``; all but the device's cross to it."""

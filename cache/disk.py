@@ -311,6 +311,9 @@ def read_plan(ids: np.ndarray, row_bytes: int, data_offset: int,
     shorter gaps are read through.
     """
     ids = np.asarray(ids, dtype=np.int64)
+    if not len(ids):
+        empty = np.zeros(0, dtype=np.int64)
+        return ReadPlan(empty, empty, np.zeros(0, dtype=bool), empty, empty)
     start = data_offset + ids * row_bytes
     first = start // block_bytes
     last = (start + row_bytes - 1) // block_bytes

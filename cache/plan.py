@@ -55,6 +55,10 @@ class CachePlan:
         budget before the cache gets the rest.
     reuse_rate : float
         Share of rows the reuse buffers served on the profile.
+    staging_rows : int
+        Host rows set aside for window read planning (rows the next
+        batches need, brought along by this batch's block reads), taken
+        from the host budget; 0 when off.
     """
 
     policy: str
@@ -68,6 +72,7 @@ class CachePlan:
     reuse_levels: int = 0
     reuse_rows: int = 0
     reuse_rate: float = 0.0
+    staging_rows: int = 0
 
     @property
     def device_static_rows(self) -> int:
@@ -90,6 +95,7 @@ class CachePlan:
             reuse_table_bytes=table,
             device_bytes=self.device_rows * self.row_bytes,
             host_bytes=self.host_rows * self.row_bytes,
+            staging_bytes=self.staging_rows * self.row_bytes,
             device_static_rows=self.device_static_rows,
             device_dynamic_rows=self.device_rows - self.device_static_rows,
             host_static_rows=self.host_static_rows,
@@ -107,6 +113,8 @@ class CachePlan:
                      f"{self.host_static_rows}), dynamic "
                      f"{self.device_rows + self.host_rows - self.static_rows}"
                      f", window {self.window}")
+        if self.staging_rows:
+            text += f"; staging {self.staging_rows} host rows"
         if self.reuse_levels:
             text += (f"; reuse {self.reuse_levels} level(s) of "
                      f"{self.reuse_rows} device rows (profiled reuse "
@@ -118,7 +126,7 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
               device_budget_bytes: int, host_budget_bytes: int, *,
               counts: torch.Tensor | None = None,
               trace: Sequence[torch.Tensor] = (), window: int = 4,
-              reuse_levels: int = 0) -> CachePlan:
+              reuse_levels: int = 0, staging: float = 0.0) -> CachePlan:
     """Plan a cache within the budgets.
 
     Parameters
@@ -141,6 +149,9 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
         from the profiled trace (the largest batch, and for two levels the
         largest set of rows the next batch did not share); the cache's
         device tier gets what is left.
+    staging : float
+        Share of the host budget for window read planning, in [0, 1)
+        (see `hmgraph.cache.coordinated`); the host tier gets the rest.
 
     Returns
     -------
@@ -172,13 +183,18 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
                          device_rows // reuse_levels)
         reuse_rate = profile["reuse_rate"]
         device_rows -= reuse_levels * reuse_rows
+    if not 0.0 <= staging < 1.0:
+        raise ValueError(f"staging must be a share of the host budget in "
+                         f"[0, 1), got {staging}")
     device_rows = min(num_rows, device_rows)
-    host_rows = min(num_rows - device_rows, host_budget_bytes // row_bytes)
+    host_rows = host_budget_bytes // row_bytes
+    staging_rows = min(num_rows, int(host_rows * staging))
+    host_rows = min(num_rows - device_rows, host_rows - staging_rows)
     if policy == "none":
         device_rows = host_rows = 0
     plan = CachePlan(policy, num_rows, row_bytes, device_rows, host_rows,
                      reuse_levels=reuse_levels, reuse_rows=reuse_rows,
-                     reuse_rate=reuse_rate)
+                     reuse_rate=reuse_rate, staging_rows=staging_rows)
     if policy == "hmgraph":
         if counts is None:
             raise ValueError("the hmgraph plan needs profiled counts")
@@ -288,4 +304,5 @@ def build_cache(source: Feature, plan: CachePlan, device="cpu", *,
             Layer(make_policy(plan.policy, n, plan.host_rows, **context),
                   [host_store]),
         ]
-    return FeatureCache(source, layers, device=device)
+    return FeatureCache(source, layers, device=device,
+                        staging_rows=plan.staging_rows)

@@ -344,7 +344,11 @@ class StorageFeature(Feature):
         """
         self._check_open()
         ids = check_ids(ids, self.num_rows)
-        unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
+        if ids.numel() < 2 or bool((ids[1:] > ids[:-1]).all()):
+            unique, inverse = ids, None  # sorted unique already
+        else:
+            unique, inverse = torch.unique(ids, sorted=True,
+                                           return_inverse=True)
         taken = candidates[:0]
         if unique.numel() and candidates.numel() and self._row_numel:
             plan = read_plan(unique.numpy(), self._row_nbytes,
@@ -360,8 +364,9 @@ class StorageFeature(Feature):
         rows = self._read_sorted(union)
         where = torch.empty_like(order)
         where[order] = torch.arange(order.numel())
-        mine = rows[where[:unique.numel()]]
-        return mine[inverse], taken, rows[where[unique.numel():]]
+        mine = rows[where[:unique.numel()] if inverse is None
+                    else where[:unique.numel()][inverse]]
+        return mine, taken, rows[where[unique.numel():]]
 
     def _check_open(self) -> None:
         if self._closed:

@@ -7,6 +7,13 @@ optimal hit rate on the same trace and capacity, and describes the trace
 (frequency skew, reuse distances, accesses per hop, degree correlation,
 overlap of adjacent batches). The policies are the loader's own id-level
 state machines, so a replayed hit rate is the hit rate the loader counts.
+
+A disk charges by block and request, not by row, so given the feature
+file's row size `analyze` also costs each replay's missed rows in storage
+blocks (`PageView`): per epoch, the blocks and requests the misses of each
+batch need in 4 KiB pages and in the disk's logical blocks, with the rows
+where the file has them and renumbered hottest first. Belady's misses,
+costed the same way, are the page-level reference.
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hmgraph.cache.plan import make_plan, replay
+from hmgraph.cache.disk import read_plan
+from hmgraph.cache.format import DATA_OFFSET, PAGE_BYTES
+from hmgraph.cache.plan import make_plan
 from hmgraph.cache.policies import (
     BeladyPolicy,
     make_policy,
@@ -28,8 +37,8 @@ from hmgraph.cache.reuse import member
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AnalysisConfig", "analyze", "reuse_filtered", "summary_markdown",
-           "trace_stats"]
+__all__ = ["AnalysisConfig", "PageView", "analyze", "reuse_filtered",
+           "summary_markdown", "trace_stats"]
 
 DEFAULT_BUDGETS = (0.01, 0.02, 0.05, 0.10, 0.20, 0.40)
 WINDOWS = (0, 1, 4, 16)
@@ -77,13 +86,125 @@ def reuse_filtered(trace, levels: int):
     return rest, reused
 
 
-def _replay_rate(policy, trace, requested, reused=0, window=None):
-    hits = replay(policy, trace, window) * sum(t.numel() for t in trace)
-    return (hits + reused) / requested if requested else 0.0
+class PageView:
+    """Where feature rows lie on storage, to cost reads in blocks.
+
+    Two layouts: ``"file"`` (row ``i`` where the feature file has it) and
+    ``"hot-first"`` (rows renumbered by profiled accesses, hottest first:
+    a row's new id is its rank in a stable descending sort of ``counts``).
+    In either, row ``i`` occupies bytes ``[data_offset + i * row_bytes,
+    data_offset + (i + 1) * row_bytes)``.
+
+    Parameters
+    ----------
+    row_bytes : int
+        Bytes of one feature row.
+    counts : torch.Tensor
+        Profiled accesses per row (num_rows,); they order the hot-first
+        layout.
+    block_sizes : tuple of int
+        Block sizes (bytes) to cost reads in, e.g. ``(4096, 512)``.
+    data_offset : int
+        Byte offset of row 0 in the file (default ``DATA_OFFSET``).
+
+    Examples
+    --------
+    >>> view = PageView(1024, torch.tensor([0, 5, 0, 5]), (4096,))
+    >>> view.cost(torch.tensor([1, 3])).tolist()  # [[blocks, requests]]
+    [[[1, 1]], [[1, 1]]]
+    """
+
+    layouts = ("file", "hot-first")
+
+    def __init__(self, row_bytes: int, counts: torch.Tensor,
+                 block_sizes: tuple = (PAGE_BYTES,),
+                 data_offset: int = DATA_OFFSET):
+        if row_bytes < 1:
+            raise ValueError(f"row_bytes must be positive, got {row_bytes}")
+        if not block_sizes or min(block_sizes) < 1:
+            raise ValueError(
+                f"block sizes must be positive, got {block_sizes}")
+        self.row_bytes = int(row_bytes)
+        self.block_sizes = tuple(int(b) for b in block_sizes)
+        self.data_offset = int(data_offset)
+        order = torch.argsort(counts, descending=True, stable=True).numpy()
+        self.rank = np.empty(len(order), dtype=np.int64)
+        self.rank[order] = np.arange(len(order), dtype=np.int64)
+        # Scratch mask that sorts renumbered ids; all False between calls.
+        self._mask = np.zeros(len(order), dtype=bool)
+
+    def zeros(self) -> np.ndarray:
+        """An empty cost: int64 (layouts, block sizes, 2)."""
+        return np.zeros((len(self.layouts), len(self.block_sizes), 2),
+                        dtype=np.int64)
+
+    def cost(self, ids: torch.Tensor) -> np.ndarray:
+        """Blocks and requests that reading the rows ``ids`` takes.
+
+        Exact cost: the runs of adjacent blocks that hold the rows, no gap
+        read through (`hmgraph.cache.disk.read_plan` with
+        ``max_gap_blocks=0``).
+
+        Parameters
+        ----------
+        ids : torch.Tensor
+            Sorted unique int64 row ids (CPU), in file numbering.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 (layouts, block sizes, 2): blocks read and requests,
+            per layout of `layouts` and size of ``block_sizes``.
+        """
+        out = self.zeros()
+        if not ids.numel():  # read_plan needs at least one row
+            return out
+        ids = ids.numpy()
+        self._mask[self.rank[ids]] = True
+        hot = np.flatnonzero(self._mask)
+        self._mask[hot] = False
+        for layout, rows in enumerate((ids, hot)):
+            for size, block_bytes in enumerate(self.block_sizes):
+                plan = read_plan(rows, self.row_bytes, self.data_offset,
+                                 block_bytes, 0)
+                out[layout, size] = plan.blocks, plan.runs
+        return out
+
+
+def _replay(policy, trace, window=None, pages=None):
+    """Replay ``policy`` on ``trace`` (as `hmgraph.cache.plan.replay`).
+
+    Returns
+    -------
+    (int, numpy.ndarray or None)
+        Hits, and the summed `PageView.cost` of each batch's missed rows
+        (None without ``pages``).
+    """
+    if window is None:
+        window = getattr(policy, "window", 0)
+    policy.warm()
+    hits = 0
+    cost = pages.zeros() if pages is not None else None
+    for index, ids in enumerate(trace):
+        future = trace[index + 1:index + 1 + window] if window else ()
+        hit = policy.step(ids, future).hit
+        hits += int(hit.sum())
+        if pages is not None:
+            cost += pages.cost(ids[~hit])
+    return hits, cost
+
+
+def _replay_rate(policy, trace, requested, reused=0, window=None,
+                 pages=None):
+    """Hit rate of a replay (reused rows count as hits), and its cost."""
+    hits, cost = _replay(policy, trace, window, pages)
+    return ((hits + reused) / requested if requested else 0.0), cost
 
 
 def analyze(trace, hop_counts, degrees, profile, num_rows: int,
-            config: AnalysisConfig, progress=None) -> dict:
+            config: AnalysisConfig, progress=None, *,
+            row_bytes: int | None = None,
+            disk_block_bytes: int = 512) -> dict:
     """Replay every policy on ``trace`` at every budget.
 
     Parameters
@@ -100,26 +221,48 @@ def analyze(trace, hop_counts, degrees, profile, num_rows: int,
     num_rows : int
         Rows of the feature matrix.
     config : AnalysisConfig
+    progress : callable, optional
+        Wraps the list of budgets (e.g. ``tqdm``).
+    row_bytes : int, optional
+        Bytes of one feature row. Given, the missed rows of every replay
+        are also costed in storage blocks (see `PageView`); default None
+        skips that view.
+    disk_block_bytes : int
+        The disk's logical block size (bytes), the second block size the
+        page-level view costs reads in (the first is 4 KiB pages).
+        Default 512.
 
     Returns
     -------
     dict
         ``hit_rate[policy][budget]``, ``tiers`` (device / host hits of the
         hmgraph plan per budget), ``seconds`` per policy, ``stats`` of the
-        trace.
+        trace. With ``row_bytes`` also ``bytes``: records ``{policy,
+        budget, layout, block_bytes, bytes, requests, vs_no_cache,
+        vs_belady}`` of storage reads per epoch, ``no_cache_bytes``:
+        records ``{layout, block_bytes, bytes, requests}`` of reading every
+        batch whole, and ``page_view``: the row and block sizes used.
     """
     requested = sum(t.numel() for t in trace)
     one, reused_one = reuse_filtered(trace, 1)
     two, reused_two = reuse_filtered(trace, 2)
     context = {"degrees": degrees, "hotness": profile.counts,
                "hop_counts": profile.hop_counts}
+    pages = None
+    if row_bytes is not None:
+        pages = PageView(row_bytes, profile.counts,
+                         tuple(dict.fromkeys((PAGE_BYTES, disk_block_bytes))))
     rates: dict[str, dict] = {}
     seconds: dict[str, float] = {}
     tiers: dict[str, dict] = {}
     plans: dict[str, dict] = {}
+    costs: dict[str, dict] = {}
 
-    def record(name, budget, rate, began):
+    def record(name, budget, replayed, began):
+        rate, cost = replayed
         rates.setdefault(name, {})[f"{budget:g}"] = rate
+        if cost is not None:
+            costs.setdefault(f"{budget:g}", {})[name] = cost
         seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - began
 
     budgets = list(config.budgets)
@@ -129,9 +272,10 @@ def analyze(trace, hop_counts, degrees, profile, num_rows: int,
         capacity = int(budget * num_rows)
         for name in ("degree", "presample", "layer-aware", "lru", "clock"):
             began = time.perf_counter()
-            rate = _replay_rate(make_policy(name, num_rows, capacity,
-                                            **context), trace, requested)
-            record(name, budget, rate, began)
+            replayed = _replay_rate(make_policy(name, num_rows, capacity,
+                                                **context),
+                                    trace, requested, pages=pages)
+            record(name, budget, replayed, began)
         # The hmgraph plan (static split from the profile), per window.
         plan = make_plan("hmgraph", num_rows, 1, capacity, 0,
                          counts=profile.counts, trace=profile.trace,
@@ -143,26 +287,79 @@ def analyze(trace, hop_counts, degrees, profile, num_rows: int,
             policy = make_policy("hmgraph", num_rows, capacity,
                                  hotness=profile.counts,
                                  static_rows=plan.static_rows, window=window)
-            rate = _replay_rate(policy, trace, requested, window=window)
-            record(f"hmgraph-w{window}", budget, rate, began)
+            replayed = _replay_rate(policy, trace, requested, window=window,
+                                    pages=pages)
+            record(f"hmgraph-w{window}", budget, replayed, began)
         for levels, (rest, reused) in ((1, (one, reused_one)),
                                        (2, (two, reused_two))):
             began = time.perf_counter()
             policy = make_policy("hmgraph", num_rows, capacity,
                                  hotness=profile.counts,
                                  static_rows=plan.static_rows, window=4)
-            rate = _replay_rate(policy, rest, requested, reused, window=4)
+            replayed = _replay_rate(policy, rest, requested, reused,
+                                    window=4, pages=pages)
             name = "hmgraph+reuse1" if levels == 1 else "hmgraph+reuse2"
-            record(name, budget, rate, began)
+            record(name, budget, replayed, began)
         began = time.perf_counter()
         opt = BeladyPolicy(num_rows, capacity)
         opt.set_trace(trace)
-        record("belady", budget, _replay_rate(opt, trace, requested), began)
+        record("belady", budget,
+               _replay_rate(opt, trace, requested, pages=pages), began)
         tiers[f"{budget:g}"] = _tier_hits(trace, profile, plan, capacity,
                                           config.device_share, num_rows)
-    return {"hit_rate": rates, "tiers": tiers, "plans": plans,
-            "seconds": seconds,
-            "stats": trace_stats(trace, hop_counts, degrees, num_rows)}
+    result = {"hit_rate": rates, "tiers": tiers, "plans": plans,
+              "seconds": seconds,
+              "stats": trace_stats(trace, hop_counts, degrees, num_rows)}
+    if pages is not None:
+        result.update(_bytes_view(pages, trace, costs, disk_block_bytes))
+    return result
+
+
+def _ratio(value: int, reference: int) -> float | None:
+    """``value / reference``; 1.0 for 0 / 0, None for x / 0."""
+    if reference:
+        return value / reference
+    return 1.0 if value == 0 else None
+
+
+def _bytes_view(pages: PageView, trace, costs: dict,
+                disk_block_bytes: int) -> dict:
+    """Records of storage reads per epoch: policies, Belady, no cache.
+
+    ``costs[budget][policy]`` is a summed `PageView.cost`; no cache reads
+    every batch's ids whole.
+    """
+    none = pages.zeros()
+    for ids in trace:
+        none += pages.cost(ids)
+    block_sizes = np.array(pages.block_sizes, dtype=np.int64)
+    none_bytes = none[..., 0] * block_sizes
+    records = []
+    for budget, by_policy in costs.items():
+        opt_bytes = by_policy["belady"][..., 0] * block_sizes
+        for name, cost in by_policy.items():
+            nbytes = cost[..., 0] * block_sizes
+            for (layout, size), value in np.ndenumerate(nbytes):
+                records.append({
+                    "policy": name, "budget": float(budget),
+                    "layout": pages.layouts[layout],
+                    "block_bytes": int(block_sizes[size]),
+                    "bytes": int(value),
+                    "requests": int(cost[layout, size, 1]),
+                    "vs_no_cache": _ratio(int(value),
+                                          int(none_bytes[layout, size])),
+                    "vs_belady": _ratio(int(value),
+                                        int(opt_bytes[layout, size])),
+                })
+    no_cache = [{"layout": pages.layouts[layout],
+                 "block_bytes": int(block_sizes[size]),
+                 "bytes": int(value), "requests": int(none[layout, size, 1])}
+                for (layout, size), value in np.ndenumerate(none_bytes)]
+    return {"bytes": records, "no_cache_bytes": no_cache,
+            "page_view": {"row_bytes": pages.row_bytes,
+                          "data_offset": pages.data_offset,
+                          "page_bytes": PAGE_BYTES,
+                          "disk_block_bytes": int(disk_block_bytes)}}
 
 
 def _tier_hits(trace, profile, plan, capacity, device_share, num_rows):
@@ -286,7 +483,62 @@ def summary_markdown(result: dict) -> str:
               f"{stats['degree_correlation']:.3f}",
               f"- accesses per hop (0 = seeds): "
               f"{stats['accesses_per_hop']}"]
+    if result.get("bytes"):
+        lines += ["", *_bytes_table(result)]
     return "\n".join(lines)
+
+
+def _unit(nbytes: int) -> tuple[str, float]:
+    """The largest of GB, MB, kB that ``nbytes`` fills at least once."""
+    for name, scale in (("GB", 1e9), ("MB", 1e6)):
+        if nbytes >= scale:
+            return name, scale
+    return "kB", 1e3
+
+
+def _times(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}"
+
+
+def _bytes_table(result: dict) -> list[str]:
+    """Markdown lines: storage reads per epoch, policy x budget."""
+    view = result["page_view"]
+    page, disk = view["page_bytes"], view["disk_block_bytes"]
+    by_key = {(r["policy"], r["budget"], r["layout"], r["block_bytes"]): r
+              for r in result["bytes"]}
+    none = {(r["layout"], r["block_bytes"]): r["bytes"]
+            for r in result["no_cache_bytes"]}
+    layouts = ("file", "hot-first")
+    unit, scale = _unit(none["file", page])
+    head = "| policy | budget | " + " | ".join(
+        f"{layout} {unit} | /none | /OPT" for layout in layouts)
+    if disk != page:
+        head += " | " + " | ".join(f"{layout} /OPT at {disk} B"
+                                   for layout in layouts)
+    lines = [
+        f"Storage reads per epoch (page-level view): the blocks the missed "
+        f"rows need, {page // 1024} KiB pages unless marked, in the file's "
+        f"row order and with rows renumbered hottest first (profiled). "
+        f"/none: share of reading every batch whole; /OPT: against "
+        f"Belady's misses costed the same way.", "",
+        "No cache: " + ", ".join(
+            f"{layout} {none[layout, size] / scale:.3f} {unit}"
+            f"{'' if size == page else f' at {size} B'}"
+            for size in dict.fromkeys((page, disk)) for layout in layouts),
+        "", head + " |", "|---|" + "---:|" * (head.count("|") - 1)]
+    for policy, budget in dict.fromkeys(
+            (r["policy"], r["budget"]) for r in result["bytes"]):
+        cells = [policy, f"{100 * budget:g}%"]
+        for layout in layouts:
+            row = by_key[policy, budget, layout, page]
+            cells += [f"{row['bytes'] / scale:.3f}",
+                      _times(row["vs_no_cache"]),
+                      _times(row["vs_belady"])]
+        if disk != page:
+            cells += [_times(by_key[policy, budget, layout, disk]["vs_belady"])
+                      for layout in layouts]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def run(args) -> dict:
@@ -297,6 +549,7 @@ def run(args) -> dict:
     from tqdm.auto import tqdm
 
     from hmgraph import datasets
+    from hmgraph.cache.disk import disk_model
     from hmgraph.cache.format import atomic_path
     from hmgraph.plots import plot_analysis
     from hmgraph.samplers.presample import presample
@@ -318,18 +571,23 @@ def run(args) -> dict:
                       seed=args.seed, progress=tqdm)
     profile = presample(data.graph, sampler, seeds, args.batch_size,
                         args.profile_batches, seed=args.seed + 1)
+    disk = disk_model(data.feature_path)
+    log.info("disk: %s", disk.describe())
     began = time.perf_counter()
     result = analyze(epoch.trace, epoch.hop_counts, data.graph.in_degrees(),
                      profile, data.num_nodes,
                      AnalysisConfig(budgets=budgets,
                                     profile_batches=args.profile_batches),
-                     progress=lambda b: tqdm(b, desc="budgets"))
+                     progress=lambda b: tqdm(b, desc="budgets"),
+                     row_bytes=data.manifest.row_bytes,
+                     disk_block_bytes=disk.block_bytes)
     result["replay_seconds"] = time.perf_counter() - began
     result["config"] = {
         "dataset": args.dataset, "fanouts": args.fanouts,
         "batch_size": args.batch_size, "batches": batches,
         "sampler": args.sampler, "budgets": budgets, "seed": args.seed,
         "profile_batches": args.profile_batches,
+        "disk": disk.as_dict(),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,10 @@ __all__ = ["DataLoader", "LoaderStats", "MiniBatch"]
 # Policies planned from a profiling pass with the real sampler.
 _PROFILED = ("presample", "layer-aware", "hmgraph")
 
+#: Share of the host budget staged for window read planning by default
+#: (features on the storage tier, lookahead on).
+STAGING_SHARE = 0.5
+
 
 class MiniBatch(tuple):
     """``(input_nodes, output_nodes, blocks)``, plus the batch's tensors.
@@ -192,6 +196,12 @@ class DataLoader:
         How profiled rows rank for static placement in ``hmgraph`` and
         ``presample``: ``"frequency"`` (batches that read the row) or
         ``"layer-aware"`` (per-hop need, hops near the seeds first).
+    staging : float, optional
+        Share of the host budget for window read planning: rows the next
+        ``window`` batches need that this batch's block reads bring along
+        are kept until used, so a block is read once per window. Default
+        `STAGING_SHARE` when features come from the storage tier and the
+        loader looks ahead, else 0.
     """
 
     def __init__(self, graph, indices, graph_sampler, *, features=None,
@@ -200,7 +210,8 @@ class DataLoader:
                  cache=None, device_budget_bytes: int = 0,
                  host_budget_bytes: int = 0, prefetch: int = 0,
                  window: int | None = None, profile_batches: int = 32,
-                 reuse: str = "none", placement: str = "frequency"):
+                 reuse: str = "none", placement: str = "frequency",
+                 staging: float | None = None):
         indices = torch.as_tensor(indices)
         if indices.dtype not in (torch.int32, torch.int64):
             raise TypeError(
@@ -247,10 +258,14 @@ class DataLoader:
         self.prefetch = prefetch
         self.epoch = 0
         self.profile = None
+        if staging is None:
+            looks_ahead = (4 if window is None else window) > 0
+            staging = STAGING_SHARE if looks_ahead and hasattr(
+                source, "read_along") else 0.0
         # (1) Plan the cache (profiling with the real sampler if asked).
         self.plan = self._plan(cache, source, device_budget_bytes,
                                host_budget_bytes, window, profile_batches,
-                               REUSE_LEVELS[reuse])
+                               REUSE_LEVELS[reuse], staging)
         # (2) Build it over the source.
         counts = self._hotness()
         self.cache: FeatureCache = build_cache(
@@ -275,7 +290,7 @@ class DataLoader:
             if self.plan.reuse_levels else None)
 
     def _plan(self, cache, source, device_budget_bytes, host_budget_bytes,
-              window, profile_batches, reuse_levels) -> CachePlan:
+              window, profile_batches, reuse_levels, staging) -> CachePlan:
         if isinstance(cache, CachePlan):
             if cache.num_rows != source.num_rows:
                 raise ValueError(
@@ -293,7 +308,7 @@ class DataLoader:
             host_budget_bytes, counts=self._hotness(),
             trace=() if self.profile is None else self.profile.trace,
             window=4 if window is None else window,
-            reuse_levels=reuse_levels,
+            reuse_levels=reuse_levels, staging=staging,
         )
 
     def _hotness(self) -> torch.Tensor | None:

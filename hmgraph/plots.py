@@ -21,7 +21,11 @@ def _save(figure, path: Path) -> None:
 
 
 def plot_analysis(result: dict, folder: str | Path, stem: str) -> list[Path]:
-    """Hit rate vs budget, per-tier bars, frequency CDF; returns paths."""
+    """Hit rate vs budget, per-tier bars, frequency CDF; returns paths.
+
+    With a page-level view in ``result`` (``bytes``), also storage bytes
+    per epoch vs budget (`_plot_storage_bytes`).
+    """
     folder = Path(folder)
     paths = []
     rates = result["hit_rate"]
@@ -69,4 +73,43 @@ def plot_analysis(result: dict, folder: str | Path, stem: str) -> list[Path]:
     axis.grid(alpha=0.3)
     paths.append(folder / f"{stem}-frequency-cdf.png")
     _save(figure, paths[-1])
+    if result.get("bytes"):
+        paths.append(folder / f"{stem}-storage-bytes.png")
+        _plot_storage_bytes(result, paths[-1])
     return paths
+
+
+def _plot_storage_bytes(result: dict, path: Path,
+                        layout: str = "hot-first") -> None:
+    """Storage bytes per epoch vs budget at the disk's block size.
+
+    One line per policy, Belady's misses dashed, reading every batch whole
+    (no cache) dotted; rows in ``layout``.
+    """
+    block = result["page_view"]["disk_block_bytes"]
+    lines: dict[str, dict] = {}
+    for record in result["bytes"]:
+        if record["layout"] == layout and record["block_bytes"] == block:
+            lines.setdefault(record["policy"], {})[record["budget"]] = (
+                record["bytes"] / 1e9)
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    axis.set_prop_cycle(color=plt.cm.tab20.colors)
+    for name, points in lines.items():
+        style = dict(color="black", linewidth=2.5, linestyle="--") \
+            if name == "belady" else {}
+        x = sorted(points)
+        axis.plot([100 * b for b in x], [points[b] for b in x], marker="o",
+                  label=name, **style)
+    none = next(r["bytes"] for r in result["no_cache_bytes"]
+                if r["layout"] == layout and r["block_bytes"] == block)
+    axis.axhline(none / 1e9, color="grey", linestyle=":", label="no cache")
+    x = [100 * b for b in sorted(next(iter(lines.values())))]
+    axis.set_xscale("log")
+    axis.set_xticks(x, [f"{v:g}%" for v in x])
+    axis.set_xlabel("cache capacity (share of feature rows)")
+    axis.set_ylabel("storage reads per epoch (GB)")
+    axis.set_title(f"Blocks the misses read ({block} B blocks, rows "
+                   f"{layout}); Belady dashed")
+    axis.legend(fontsize=7, ncol=2)
+    axis.grid(alpha=0.3)
+    _save(figure, path)

@@ -22,20 +22,27 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from hmgraph.cache.format import atomic_path
-from hmgraph.loader import DataLoader
+from hmgraph.loader import _PROFILED, DataLoader
 from hmgraph.models import build_model, layerwise_inference
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CheckpointError", "TrainConfig", "evaluate", "make_loader",
-           "peak_rss_bytes", "resolve_eval", "train", "working_set_bytes"]
+__all__ = ["LAYOUTS", "CheckpointError", "TrainConfig", "evaluate",
+           "make_loader", "peak_rss_bytes", "resolve_eval", "resolve_layout",
+           "train", "working_set_bytes"]
 
 # Settings a checkpoint must share with the run that resumes it.
 _CHECKPOINT_KEYS = (
     "dataset", "model", "fanouts", "batch_size", "hidden", "layers",
     "dropout", "lr", "weight_decay", "num_heads", "seed", "sampler",
-    "clusters", "locality", "group_size", "renumber",
+    "clusters", "locality", "group_size", "renumber", "layout",
 )
+
+#: Orders of the feature file's rows (see `TrainConfig.layout`).
+LAYOUTS = ("auto", "file", "hot-first")
+
+# As `DataLoader._profile`: the layout is planned from the same batches.
+_PROFILE_SEED_OFFSET = 7919
 
 
 class CheckpointError(ValueError):
@@ -81,6 +88,18 @@ class TrainConfig:
     renumber : bool
         Renumber nodes so clusters are contiguous (graph and feature file
         rewritten once, cached); evaluation stays in original ids.
+    layout : str
+        Order of the rows in the feature file. ``"file"``: as stored.
+        ``"hot-first"``: nodes renumbered hottest first by a profiling pass
+        of the training loader's own batches (inside each cluster with
+        ``renumber``), so the rows a static cache holds fill whole pages
+        and storage misses fall on cold pages; the feature file is
+        rewritten once and cached beside it (``renumbered-hot-first/``),
+        rewritten again only when the profile orders it otherwise (the
+        profile samples on one thread, so the same settings repeat it).
+        ``"auto"``: hot-first with features on disk and a profiled cache
+        policy (``presample``, ``layer-aware``, ``hmgraph``), else file
+        (see `resolve_layout`).
     """
 
     dataset: str = "synth-small"
@@ -115,6 +134,7 @@ class TrainConfig:
     locality: float = 1.0
     group_size: int = 4
     renumber: bool = False
+    layout: str = "auto"
     resume: bool = False
     verify: bool = True
     progress: bool = True
@@ -142,7 +162,9 @@ def train(config: TrainConfig, dataset=None) -> dict:
     Returns
     -------
     dict
-        The result: ``config``, ``dataset``, ``metric``, ``runs`` (per run:
+        The result: ``config``, ``dataset``, ``metric``, ``layout`` (the
+        resolved name, its ``seconds``, whether the rewritten file was
+        ``reused``, the feature file ``path``), ``runs`` (per run:
         per-epoch loss, metrics and seconds; best epoch; test metric at best
         validation), ``summary`` (mean and std over runs) and ``path``.
     """
@@ -152,6 +174,7 @@ def train(config: TrainConfig, dataset=None) -> dict:
     if config.eval not in ("auto", "layerwise", "sampled"):
         raise ValueError(f"eval must be auto, layerwise or sampled, got "
                          f"{config.eval!r}")
+    resolve_layout(config)  # a bad layout fails before any loading
     if dataset is None:
         dataset = datasets.load(config.dataset, config.root, config.verify,
                                 features_on=config.features_on,
@@ -163,7 +186,7 @@ def train(config: TrainConfig, dataset=None) -> dict:
         else None
     completed = state["completed"] if state else []
     device = torch.device(config.device)
-    dataset, sampler = _make_sampler(config, dataset)
+    dataset, sampler, layout = _prepare(config, dataset)
     log.info("%s", dataset)
     loader, memory = make_loader(config, dataset, sampler, device)
     eval_mode = resolve_eval(config, dataset, loader)
@@ -183,6 +206,7 @@ def train(config: TrainConfig, dataset=None) -> dict:
         "metric": metric,
         "plan": loader.plan.as_dict(),
         "eval": eval_mode,
+        "layout": layout,
         "memory": dict(memory, peak_rss_bytes=peak_rss_bytes()),
         "runs": completed,
         "summary": summarize(completed),
@@ -194,38 +218,142 @@ def train(config: TrainConfig, dataset=None) -> dict:
     return result
 
 
+def resolve_layout(config) -> str:
+    """``file`` or ``hot-first``, resolving ``auto``.
+
+    ``auto`` is hot-first when features are on disk and the cache policy
+    is planned from a profile (``presample``, ``layer-aware``,
+    ``hmgraph``): its static tiers then hold whole pages of hot rows. In
+    memory, or with a policy that is not profiled, the order of the rows
+    buys nothing and costs a rewrite.
+    """
+    if config.layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {config.layout!r}; available: "
+                         f"{', '.join(LAYOUTS)}")
+    if config.layout != "auto":
+        return config.layout
+    return "hot-first" if config.features_on == "disk" and \
+        config.cache in _PROFILED else "file"
+
+
 def _make_sampler(config, dataset):
     """The sampler asked for, and the dataset renumbered if asked."""
-    import dgl
+    dataset, sampler, _ = _prepare(config, dataset)
+    return dataset, sampler
 
-    from hmgraph.datasets.renumbered import renumbered
-    from hmgraph.samplers.cluster import ClusterSampler, metis_clusters
+
+def _prepare(config, dataset):
+    """The dataset in the ids training uses, its sampler, a layout record.
+
+    (1) METIS clusters for the cluster sampler or ``renumber``; (2) with
+    layout ``file``, the dataset renumbered by cluster if asked; (3) with
+    ``hot-first``, a profile of the loader's batches (on the graph
+    renumbered by cluster if asked) and one rewrite of the feature file in
+    the final order, cluster renumbering and hot-first composed.
+    """
+    import dgl.utils
+
+    from hmgraph.datasets.renumbered import permuted
+    from hmgraph.samplers.cluster import metis_clusters
+    from hmgraph.samplers.presample import presample
+    from hmgraph.samplers.renumber import (
+        cluster_permutation,
+        hot_first_permutation,
+        renumber_graph,
+    )
 
     if config.sampler not in ("neighbor", "cluster"):
         raise ValueError(f"unknown sampler {config.sampler!r}; available: "
                          f"neighbor, cluster")
-    clusters = None
+    layout = resolve_layout(config)
+    # (1) Clusters.
+    clusters, tag = None, None
     if config.sampler == "cluster" or config.renumber:
         count = config.clusters or max(1, math.ceil(
             dataset.split["train"].numel() / config.batch_size))
         clusters = metis_clusters(
             dataset.graph, count,
             Path(dataset.feature_path).parent / f"metis-{count}.npy")
-        if config.renumber:
-            dataset = renumbered(dataset, clusters, f"metis-{count}")
-            clusters = clusters[dataset.info["perm"]]
+        tag = f"metis-{count}" if config.renumber else None
+    # (2) The file's order, clusters as id ranges if asked.
+    start = time.perf_counter()
+    if layout == "file":
+        if tag is not None:
+            first, _ = cluster_permutation(clusters)
+            dataset = permuted(dataset, first, tag)
+            clusters = clusters[first]
+        record = {"name": layout, "seconds": time.perf_counter() - start,
+                  "reused": bool(dataset.info.get("reused", False)),
+                  "path": str(dataset.feature_path)}
+        return dataset, _build_sampler(config, dataset.graph, clusters), \
+            record
+    # (3) Hot first: profile the batches the loader will profile, in the
+    # ids it will see them in (only the graph renumbered by cluster: the
+    # rows are rewritten once, in the final order).
+    graph, seeds, first = dataset.graph, dataset.split["train"], None
+    if tag is not None:
+        first, inverse = cluster_permutation(clusters)
+        graph = renumber_graph(graph, first, inverse)
+        seeds, clusters = inverse[seeds], clusters[first]
+    sampler = _build_sampler(config, graph, clusters)
+    # DGL samples with one generator per OpenMP thread: on one thread the
+    # profile repeats exactly, so a rerun finds the same order and reuses
+    # the rewritten file.
+    threads = dgl.utils.get_num_threads()
+    dgl.utils.set_num_threads(1)
+    try:
+        profile = presample(graph, sampler, seeds, config.batch_size,
+                            config.profile_batches,
+                            seed=config.seed + _PROFILE_SEED_OFFSET,
+                            shuffle=True)
+    finally:
+        dgl.utils.set_num_threads(threads)
+    if getattr(sampler, "prob", None) is not None:
+        graph.edata.pop(sampler.prob)  # the profiling sampler's weights
+    del graph, sampler  # at most two graphs alive while renumbering
+    hot, _ = hot_first_permutation(
+        _hotness(config, profile), clusters if tag is not None else None)
+    perm = hot if first is None else first[hot]
+    dataset = permuted(dataset, perm, "hot-first" if tag is None
+                       else f"{tag}-hot-first")
+    if clusters is not None:
+        clusters = clusters[hot]
+    record = {"name": layout, "seconds": time.perf_counter() - start,
+              "reused": bool(dataset.info["reused"]),
+              "path": str(dataset.feature_path),
+              "profile_batches": profile.num_batches}
+    log.info("layout: hot-first from %d profiled batches in %.1f s (%s %s)",
+             profile.num_batches, record["seconds"],
+             "reused" if record["reused"] else "wrote",
+             dataset.feature_path)
+    return dataset, _build_sampler(config, dataset.graph, clusters), record
+
+
+def _hotness(config, profile) -> torch.Tensor:
+    """Profiled score per row, as the loader ranks rows for its cache."""
+    if config.cache == "layer-aware" or config.placement == "layer-aware":
+        from hmgraph.cache.policies import layer_aware_score
+
+        return layer_aware_score(profile.hop_counts)
+    return profile.counts
+
+
+def _build_sampler(config, graph, clusters):
+    """The sampler asked for over ``graph`` (clusters in its ids)."""
+    import dgl
+
+    from hmgraph.samplers.cluster import ClusterSampler
+
     if config.model == "mlp":
         # An MLP reads no neighbours: empty blocks of the same depth
         # (DGL 2.1's fused sampler drops the source nodes at fanout 0).
-        sampler = dgl.dataloading.NeighborSampler([0] * config.layers,
-                                                  fused=False)
-    elif config.sampler == "cluster":
-        sampler = ClusterSampler(dataset.graph, config.fanouts, clusters,
-                                 locality=config.locality,
-                                 group_size=config.group_size)
-    else:
-        sampler = dgl.dataloading.NeighborSampler(config.fanouts)
-    return dataset, sampler
+        return dgl.dataloading.NeighborSampler([0] * config.layers,
+                                               fused=False)
+    if config.sampler == "cluster":
+        return ClusterSampler(graph, config.fanouts, clusters,
+                              locality=config.locality,
+                              group_size=config.group_size)
+    return dgl.dataloading.NeighborSampler(config.fanouts)
 
 
 def make_loader(config, dataset, sampler, device):
@@ -513,7 +641,8 @@ def describe_io(stats: dict) -> str:
                  f"{format_bytes(reuse['bytes_saved'])} saved")
     storage = stats.get("storage")
     if storage:
-        text += (f"; storage {storage['pages_read']} pages, "
+        text += (f"; storage {storage['io_requests']} requests, "
+                 f"{storage['blocks_read']} blocks, "
                  f"{format_bytes(storage['bytes_read'])}")
     return text
 
@@ -565,11 +694,14 @@ def _load_checkpoint(path: Path, config: TrainConfig):
             f"delete it or train without --resume"
         ) from None
     saved = state.get("config", {})
+    defaults = TrainConfig()
     for key in _CHECKPOINT_KEYS:
-        if saved.get(key) != getattr(config, key):
+        # A setting newer than the checkpoint: it ran with the default.
+        value = saved.get(key, getattr(defaults, key))
+        if value != getattr(config, key):
             raise CheckpointError(
                 f"checkpoint {path} was written with {key}="
-                f"{saved.get(key)!r}, but this run has {key}="
+                f"{value!r}, but this run has {key}="
                 f"{getattr(config, key)!r}; use the same setting or "
                 f"another --out"
             )

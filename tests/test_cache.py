@@ -54,7 +54,7 @@ def profile_trace(seed: int = 1, batches: int = 8) -> list[torch.Tensor]:
             for _ in range(batches)]
 
 
-def make_cache(policy: str, budget, source) -> FeatureCache:
+def make_cache(policy: str, budget, source, staging=0.0) -> FeatureCache:
     trace = profile_trace()
     counts = torch.zeros(NUM_ROWS, dtype=torch.int64)
     for ids in trace:
@@ -62,7 +62,7 @@ def make_cache(policy: str, budget, source) -> FeatureCache:
     row_bytes = source.row_bytes
     plan = make_plan(policy, NUM_ROWS, row_bytes, budget[0] * row_bytes,
                      budget[1] * row_bytes, counts=counts, trace=trace,
-                     window=2)
+                     window=2, staging=staging)
     degrees = torch.arange(NUM_ROWS).flip(0)
     hop_counts = torch.stack([counts, counts // 2])
     return build_cache(source, plan, counts=counts, degrees=degrees,
@@ -81,13 +81,18 @@ def feature_path(tmp_path_factory, rows):
     return path
 
 
-SOURCES = ["memory", "storage"]
+SOURCES = ["memory", "storage", "storage-staged"]
 
 
 def make_source(kind, rows, feature_path):
     if kind == "memory":
         return TensorFeature(torch.from_numpy(rows.copy()))
     return StorageFeature(feature_path, num_threads=2)
+
+
+def staging_of(source_kind: str) -> float:
+    """Window read planning with half the host budget, over storage."""
+    return 0.5 if source_kind == "storage-staged" else 0.0
 
 
 id_batches = st.lists(
@@ -106,7 +111,8 @@ def test_contract_every_policy(rows, feature_path, source_kind, policy,
                                budget, batches):
     """Every read equals the feature file, whatever the ids and policy."""
     source = make_source(source_kind, rows, feature_path)
-    with make_cache(policy, budget, source) as cache:
+    with make_cache(policy, budget, source,
+                    staging_of(source_kind)) as cache:
         batches = [*batches, [NUM_ROWS - 1, 0, NUM_ROWS - 1], []]
         for index, ids in enumerate(batches):
             future = [torch.tensor(sorted(set(b)), dtype=torch.int64)
@@ -121,6 +127,10 @@ def test_contract_every_policy(rows, feature_path, source_kind, policy,
             assert store.size <= store.capacity
             assert store.nbytes == store.capacity * cache.row_bytes
         assert store_ids_are_consistent(cache)
+        if cache.staging is not None:
+            # Staged rows are the file's, and nothing outlives the window
+            # (the last batch has no future).
+            assert cache.staging.size == 0
 
 
 def store_ids_are_consistent(cache) -> bool:
@@ -331,3 +341,38 @@ def test_a_dead_thread_is_an_error_not_a_hang():
 
     with pytest.raises(RuntimeError, match="'dying' died without a result"):
         next(Dies("dying", iter([1, 2]), depth=1))
+
+
+def test_window_planning_reads_a_block_once_per_window(rows, feature_path):
+    """Rows the next batch needs, on blocks this batch reads, are staged."""
+    from hmgraph.cache.disk import DiskModel
+
+    model = DiskModel(512, iops=10_000.0, bandwidth=500e6, queue_depth=2)
+    source = StorageFeature(feature_path, num_threads=2, disk=model,
+                            max_gap_bytes=0)
+    with FeatureCache(source, [], staging_rows=4) as cache:
+        # 28-byte rows: rows 0-17 share the first 512 B block with row 0.
+        first, second, third = (torch.tensor(ids) for ids in
+                                ([0, 300], [5, 6, 301], [7]))
+        check_feature_contract(cache, rows, first, future=[second, third])
+        assert cache.stats.hits == {"source": 2}
+        # 5, 6, 7, and 301 (on row 300's block).
+        assert cache.stats.admitted == {"staged": 4}
+        assert source.stats.io_requests == 2
+        check_feature_contract(cache, rows, second, future=[third])
+        assert cache.stats.hits == {"source": 2, "staged": 3}
+        assert source.stats.io_requests == 2  # no read at all
+        assert cache.staging.size == 1  # row 7, for the next batch
+        check_feature_contract(cache, rows, third, future=[])
+        assert cache.stats.hits["staged"] == 4
+        assert source.stats.io_requests == 2
+        assert cache.staging.size == 0
+        assert cache.held_bytes()["staged"] == 4 * cache.row_bytes
+
+
+def test_staging_is_charged_to_the_host_budget():
+    plan = make_plan("lru", 1000, 100, 0, 40_000, staging=0.25)
+    assert (plan.host_rows, plan.staging_rows) == (300, 100)
+    assert plan.as_dict()["staging_bytes"] == 10_000
+    with pytest.raises(ValueError, match=r"staging must be .* got 1.0"):
+        make_plan("lru", 1000, 100, 0, 40_000, staging=1.0)

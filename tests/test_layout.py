@@ -1,0 +1,191 @@
+"""Hot-first layout: permutation, composed renumbering, training."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hmgraph.cache.format import open_feature_file
+from hmgraph.datasets.renumbered import permuted, renumbered, to_original
+from hmgraph.samplers.cluster import metis_clusters
+from hmgraph.samplers.renumber import hot_first_permutation
+from hmgraph.train import TrainConfig, resolve_layout, train
+
+COUNTS = torch.tensor([1, 5, 0, 5, 3, 3])
+CLUSTERS = torch.tensor([1, 1, 0, 0, 1, 0])
+
+
+def test_hot_first_orders_by_count_ties_by_id():
+    perm, inverse = hot_first_permutation(COUNTS)
+    assert perm.tolist() == [1, 3, 4, 5, 0, 2]
+    assert inverse.tolist() == [4, 0, 5, 1, 2, 3]
+
+
+def test_hot_first_inside_clusters():
+    perm, inverse = hot_first_permutation(COUNTS, CLUSTERS)
+    # Cluster 0 (nodes 2, 3, 5) first, then cluster 1 (0, 1, 4), each
+    # hottest first.
+    assert perm.tolist() == [3, 5, 2, 1, 4, 0]
+    assert inverse.tolist() == [5, 3, 2, 0, 4, 1]
+
+
+SIZES = [1, 1000, 100_000]
+
+
+@pytest.mark.parametrize("n", SIZES, ids=[f"n{n}" for n in SIZES])
+def test_perm_and_inverse_agree(n):
+    generator = torch.Generator().manual_seed(n)
+    counts = torch.randint(0, 10, (n,), generator=generator)
+    clusters = torch.randint(0, 7, (n,), generator=generator)
+    for parts in (None, clusters):
+        perm, inverse = hot_first_permutation(counts, parts)
+        assert torch.equal(perm[inverse], torch.arange(n))
+        assert torch.equal(inverse[perm], torch.arange(n))
+        keys = (np.arange(n), -counts.numpy())  # last key sorts first
+        if parts is not None:
+            keys += (parts.numpy(),)
+        np.testing.assert_array_equal(perm.numpy(), np.lexsort(keys))
+
+
+def test_hot_first_refuses_bad_shapes():
+    with pytest.raises(ValueError, match="one value per node"):
+        hot_first_permutation(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="clusters has 2 entries"):
+        hot_first_permutation(COUNTS, torch.zeros(2))
+
+
+def _check_rows(original, new):
+    """Row ``i`` of ``new``'s file is row ``perm[i]`` of the original."""
+    _, old_rows = open_feature_file(original.feature_path)
+    _, new_rows = open_feature_file(new.feature_path, verify=True)
+    perm = new.info["perm"]
+    np.testing.assert_array_equal(new_rows, old_rows[perm.numpy()])
+    assert torch.equal(new.labels, original.labels[perm])
+    for part in ("train", "valid", "test"):
+        assert torch.equal(perm[new.split[part]], original.split[part])
+    values = torch.arange(new.num_nodes) * 10  # per original node
+    assert torch.equal(to_original(new, values[perm]), values)
+
+
+def test_permuted_composes_with_cluster_renumbering(tiny, tmp_path):
+    clusters = metis_clusters(tiny.graph, 8, tmp_path / "metis-8.npy")
+    metis = renumbered(tiny, clusters, "test-layout-8")
+    counts = torch.arange(tiny.num_nodes) % 17  # hotness, in metis ids
+    hot, _ = hot_first_permutation(counts, clusters[metis.info["perm"]])
+    both = permuted(metis, hot, "test-hot-first")
+    assert torch.equal(both.info["perm"], metis.info["perm"][hot])
+    _check_rows(tiny, both)
+    # Clusters are still id ranges, hottest first inside each.
+    parts = clusters[both.info["perm"]]
+    assert bool((parts[1:] >= parts[:-1]).all())
+    same = parts[1:] == parts[:-1]
+    hotness = counts[hot]
+    assert bool((hotness[1:][same] <= hotness[:-1][same]).all())
+    # Same edges under the new names.
+    src, dst = both.graph.edges()
+    perm = both.info["perm"]
+    old = set(zip(*(t.tolist() for t in tiny.graph.edges()), strict=True))
+    assert set(zip(perm[src].tolist(), perm[dst].tolist(),
+                   strict=True)) == old
+    # The stored permutation is the composed one: a second call reuses the
+    # file, another permutation rewrites it.
+    stored = np.load(both.info["folder"] / "perm.npy")
+    np.testing.assert_array_equal(stored, perm.numpy())
+    assert not both.info["reused"]
+    assert permuted(metis, hot, "test-hot-first").info["reused"]
+    other = permuted(metis, hot.flip(0), "test-hot-first")
+    assert not other.info["reused"]
+    _check_rows(tiny, other)
+
+
+def test_permuted_refuses_a_non_permutation(tiny):
+    with pytest.raises(ValueError, match="must be a permutation"):
+        permuted(tiny, torch.zeros(tiny.num_nodes, dtype=torch.long), "bad")
+    with pytest.raises(ValueError, match="must be a permutation"):
+        permuted(tiny, torch.arange(3), "bad")
+
+
+def _config(tmp_path, **overrides) -> TrainConfig:
+    settings = dict(dataset="synth-tiny", fanouts=[5, 5], batch_size=256,
+                    hidden=64, lr=0.01, epochs=2, features_on="disk",
+                    cache="hmgraph", device_budget="5%", host_budget="20%",
+                    eval="layerwise", out=str(tmp_path / "out"),
+                    progress=False)
+    settings.update(overrides)
+    return TrainConfig(**settings)
+
+
+RESOLVED = [
+    ({}, "hot-first"),
+    ({"features_on": "memory"}, "file"),
+    ({"cache": "lru"}, "file"),
+    ({"cache": None}, "file"),
+    ({"cache": "presample", "layout": "file"}, "file"),
+    ({"features_on": "memory", "layout": "hot-first"}, "hot-first"),
+]
+
+
+@pytest.mark.parametrize("overrides,name", RESOLVED,
+                         ids=[name for _, name in RESOLVED])
+def test_resolve_layout(tmp_path, overrides, name):
+    assert resolve_layout(_config(tmp_path, **overrides)) == name
+
+
+def test_unknown_layout_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown layout 'cold'; available"):
+        train(_config(tmp_path, layout="cold"))
+
+
+def test_train_hot_first_on_disk(tiny, data_root, tmp_path):
+    from hmgraph import datasets
+
+    data = datasets.load("synth-tiny", data_root, features_on="disk")
+    scores = {}
+    for layout in ("file", "hot-first"):
+        result = train(_config(tmp_path / layout, layout=layout),
+                       dataset=data)
+        assert result["layout"]["name"] == layout
+        assert result["layout"]["seconds"] >= 0.0
+        saved = json.loads((tmp_path / layout / "out" / "result.json")
+                           .read_text())
+        assert saved["layout"] == result["layout"]
+        scores[layout] = result["summary"]["test_mean"]
+    layout = result["layout"]
+    folder = data.feature_path.parent / "renumbered-hot-first"
+    assert layout["path"] == str(folder / data.feature_path.name)
+    assert (folder / "perm.npy").is_file()
+    _, rows = open_feature_file(layout["path"], verify=True)
+    perm = np.load(folder / "perm.npy")
+    np.testing.assert_array_equal(rows, data.features[perm])
+    chance = 1.0 / data.num_classes
+    assert scores["hot-first"] > 2 * chance, scores
+    assert abs(scores["hot-first"] - scores["file"]) < 0.1, scores
+    # The same settings profile the same batches: the file is reused.
+    again = train(_config(tmp_path / "again", layout="hot-first"),
+                  dataset=data)
+    assert again["layout"]["reused"]
+
+
+def test_train_hot_first_with_cluster_renumbering(data_root, tmp_path):
+    from hmgraph import datasets
+
+    data = datasets.load("synth-tiny", data_root, features_on="disk")
+    result = train(_config(tmp_path, sampler="cluster", renumber=True,
+                           clusters=8, epochs=1, layout="auto"),
+                   dataset=data)
+    layout = result["layout"]
+    assert layout["name"] == "hot-first"
+    folder = data.feature_path.parent / "renumbered-metis-8-hot-first"
+    assert layout["path"] == str(folder / data.feature_path.name)
+    perm = torch.from_numpy(np.load(folder / "perm.npy"))
+    # Clusters stay id ranges in the final order.
+    clusters = metis_clusters(data.graph, 8,
+                              data.feature_path.parent / "metis-8.npy")
+    parts = clusters[perm]
+    assert bool((parts[1:] >= parts[:-1]).all())
+    _, rows = open_feature_file(layout["path"], verify=True)
+    np.testing.assert_array_equal(rows, data.features[perm.numpy()])
+    assert result["summary"]["test_mean"] > 2.0 / data.num_classes

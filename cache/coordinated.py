@@ -247,10 +247,13 @@ class FeatureCache(Feature):
         along = None
         if self.staging is not None:
             self._mark_window(future)
+            self._unstage()
         if missed.numel():
-            if self.staging is not None and future:
+            if self.staging is not None and future and self.staging.num_free:
+                candidates = self._candidates(unique)
                 rows, *along = self.source.read_along(
-                    missed, self._candidates(unique))
+                    missed, candidates, limit=self.staging.num_free,
+                    rank=self._marks[candidates])
             else:
                 rows = self.source.read(missed)
             out[where(pending)] = rows.to(self.device)
@@ -261,8 +264,8 @@ class FeatureCache(Feature):
         # (3) Apply evictions, then admissions (rows are all in `out`).
         for layer, step in admissions:
             self._apply(layer, step, unique, out, where)
-        if self.staging is not None:
-            self._restage(along)
+        if along is not None and along[0].numel():
+            self._stage(*along)
         self.stats.requests += 1
         self.stats.rows_requested += unique.numel()
         self.stats.seconds += time.perf_counter() - start
@@ -286,25 +289,20 @@ class FeatureCache(Feature):
         wanted &= self.staging.slot_of < 0
         return wanted.nonzero().squeeze(1)
 
-    def _restage(self, along) -> None:
-        """Drop staged rows the window no longer needs (or a tier now
-        holds); stage new ones, those needed soonest first."""
-        staging, marks = self.staging, self._marks
+    def _unstage(self) -> None:
+        """Drop staged rows the window no longer needs or a tier holds."""
+        staging = self.staging
         held = staging.id_of[staging.id_of >= 0]
         if held.numel():
-            needed = marks[held] > 0
+            needed = self._marks[held] > 0
             for layer in self.layers:
                 needed &= ~layer.policy.resident[held]
             freed = staging.remove(held[~needed])
             _add(self.stats.evicted, "staged", freed.numel())
-        if along is None or not along[0].numel() or not staging.num_free:
-            return
-        ids, rows = along
-        if ids.numel() > staging.num_free:
-            order = torch.argsort(marks[ids], stable=True)
-            order = order[:staging.num_free]
-            ids, rows = ids[order], rows[order]
-        staging.insert(ids, rows)
+
+    def _stage(self, ids, rows) -> None:
+        """Keep rows brought along (the storage tier took what fits)."""
+        self.staging.insert(ids, rows)
         _add(self.stats.admitted, "staged", ids.numel())
         _add(self.stats.bytes, "storage->host", self.row_bytes * ids.numel())
 

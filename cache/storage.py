@@ -320,7 +320,8 @@ class StorageFeature(Feature):
         self._check_open()
         return super().read(ids)
 
-    def read_along(self, ids, candidates: torch.Tensor
+    def read_along(self, ids, candidates: torch.Tensor,
+                   limit: int | None = None, rank: torch.Tensor | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rows of ``ids``, plus the candidates their reads bring along.
 
@@ -335,6 +336,11 @@ class StorageFeature(Feature):
         candidates : torch.Tensor
             Sorted unique int64 ids worth having (e.g. rows the next
             batches need), disjoint from ``ids``.
+        limit : int, optional
+            Bring along at most this many candidates (room to keep them).
+        rank : torch.Tensor, optional
+            Per candidate, smaller is wanted sooner: which to bring along
+            when more than ``limit`` are on blocks read.
 
         Returns
         -------
@@ -357,6 +363,10 @@ class StorageFeature(Feature):
             inside = plan.covers(candidates.numpy(), self._row_nbytes,
                                  self._data_offset, self.block_bytes)
             taken = candidates[torch.from_numpy(inside)]
+            if limit is not None and taken.numel() > limit:
+                first = torch.argsort(rank[torch.from_numpy(inside)],
+                                      stable=True)[:limit]
+                taken = taken[first.sort().values]
         if not taken.numel():
             return self._read(ids), taken, torch.empty(
                 (0, *self.row_shape), dtype=self.dtype)

@@ -510,6 +510,11 @@ def test_read_along_returns_candidates_on_blocks_read(disk_dir):
         assert taken_rows.numpy().tobytes() == rows[[11, 30]].tobytes()
         assert feature.stats.io_requests == 1
         assert feature.stats.rows_read == 4
+        # Room for one: the lower rank wins.
+        _, taken, taken_rows = feature.read_along(
+            ids, candidates, limit=1, rank=torch.tensor([5, 1, 0]))
+        assert taken.tolist() == [30]
+        assert taken_rows.numpy().tobytes() == rows[[30]].tobytes()
         got, taken, _ = feature.read_along(ids, torch.tensor([1900]))
         assert taken.numel() == 0
         assert got.numpy().tobytes() == rows[[60, 10, 10]].tobytes()

@@ -16,7 +16,7 @@ between two wanted blocks is worth reading through when it is shorter than
 ``bandwidth / iops`` bytes (`DiskModel.gap_bytes`): moving those bytes
 costs less than one more request.
 
-`disk_model` measures a device once, briefly (about a second, on the
+`disk_model` measures a device once, briefly (about two seconds, on the
 feature file itself), and caches the result in ``<file>.disk.json`` beside
 the file, keyed by the device id, and in memory for the process.
 
@@ -46,7 +46,7 @@ __all__ = ["DiskModel", "ReadPlan", "disk_model", "measure_disk",
            "read_plan"]
 
 #: Version of the cached measurement; older caches are measured again.
-_MODEL_VERSION = 1
+_MODEL_VERSION = 2
 _IOPS_READ_BYTES = 4096
 _SEQ_READ_BYTES = 1 << 20
 _PROBE_SIZES = (512, 1024, 2048, 4096)
@@ -175,12 +175,13 @@ def _hammer(fd: int, offsets: np.ndarray, size: int, threads: int,
 
 
 def measure_disk(path: str | os.PathLike, queue_depth: int = 4,
-                 seconds: float = 1.0, seed: int = 0) -> DiskModel:
+                 seconds: float = 2.0, seed: int = 0) -> DiskModel:
     """Measure the device holding ``path`` by reading ``path`` itself.
 
-    Half of ``seconds`` goes to random 4 KiB ``O_DIRECT`` reads at random
-    page offsets of the file, half to 1 MiB reads sweeping the file, each
-    with ``queue_depth`` threads reading. The logical block size is the
+    After a warm-up of a tenth of ``seconds``, half of ``seconds`` goes to
+    random 4 KiB ``O_DIRECT`` reads at random page offsets of the file,
+    half to 1 MiB reads sweeping the file, each with ``queue_depth``
+    threads reading. The logical block size is the
     smallest read ``O_DIRECT`` accepts (probed at 512 B to 4 KiB).
 
     Returns `FALLBACK` (with a warning in the log) where the file cannot
@@ -200,7 +201,10 @@ def measure_disk(path: str | os.PathLike, queue_depth: int = 4,
         block = _block_bytes(fd, size) or PAGE_BYTES
         rng = np.random.default_rng(seed)
         pages = size // PAGE_BYTES
-        offsets = rng.integers(0, pages, 1 << 20) * PAGE_BYTES
+        offsets = rng.integers(0, pages, 1 << 21) * PAGE_BYTES
+        # Virtual disks start slow after idling: a short warm-up first.
+        _hammer(fd, offsets[-(1 << 20):], _IOPS_READ_BYTES, queue_depth,
+                seconds / 10)
         reads, took = _hammer(fd, offsets, _IOPS_READ_BYTES, queue_depth,
                               seconds / 2)
         iops = reads / took
@@ -216,7 +220,7 @@ def measure_disk(path: str | os.PathLike, queue_depth: int = 4,
 
 
 def disk_model(path: str | os.PathLike, queue_depth: int = 4,
-               seconds: float = 1.0) -> DiskModel:
+               seconds: float = 2.0) -> DiskModel:
     """The device model for ``path``'s device: cached, else measured.
 
     The measurement is kept in ``<path>.disk.json`` (written atomically)

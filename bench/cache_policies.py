@@ -136,6 +136,7 @@ POLICY_NAMES = ("none", "degree", "presample", "lru", "clock", "hmgraph")
 LAYOUT_NAMES = ("file", "hot-first")
 IN_MEMORY = "dgl in-memory"
 MEMMAP_FLOOR = "dgl memmap floor"
+BASELINES = {"in-memory": IN_MEMORY, "memmap-floor": MEMMAP_FLOOR}
 DEFAULT_OUT = "bench/results/cache_policies.json"
 QUICK_OUT = "/tmp/cache_policies_quick.json"
 #: Defaults of a full run and of ``--quick``, for options left unset.
@@ -214,6 +215,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "one pass over the configurations each: file (as "
                         "stored), hot-first (renumbered hottest first by a "
                         "profile; rewritten once) (default: file,hot-first)")
+    parser.add_argument("--baselines", default="in-memory,memmap-floor",
+                        help="comma-separated DGL baselines to run: "
+                        "in-memory, memmap-floor, or none (default: both; "
+                        "the memmap floor takes minutes a batch where a "
+                        "batch touches most of a large file)")
     parser.add_argument("--staging", type=float, default=None,
                         help="share of the host budget in [0, 1) staged for "
                         "window read planning (default: the loader's, "
@@ -261,6 +267,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             raise UsageError(
                 f"unknown layout {name!r} in --layouts; available: "
                 f"{', '.join(LAYOUT_NAMES)}"
+            )
+    args.baselines = [] if args.baselines == "none" else parse_list(
+        "--baselines", args.baselines)
+    for name in args.baselines:
+        if name not in BASELINES:
+            raise UsageError(
+                f"unknown baseline {name!r} in --baselines; available: "
+                f"{', '.join(BASELINES)}, none"
             )
     if args.staging is not None and not 0.0 <= args.staging < 1.0:
         raise UsageError(
@@ -424,7 +438,7 @@ def run_dgl(dataset, seeds, args, memmap: bool) -> dict:
     )
     feat = MemmapRows(dataset.feature_path) if memmap else dataset.features
     label = dataset.labels
-    row_bytes = dataset.feat_dim * dataset.features.element_size()
+    row_bytes = dataset.manifest.row_bytes
     seconds = dict.fromkeys(("sample", "fetch", "train", "drop"), 0.0)
     batches = input_rows = 0
     loss_sum = 0.0
@@ -943,7 +957,7 @@ def configurations(args) -> list[tuple[str, str | None, str]]:
     The DGL baselines once (file layout), then per layout ``none`` and
     every other policy at every host budget.
     """
-    runs = [(IN_MEMORY, None, "file"), (MEMMAP_FLOOR, None, "file")]
+    runs = [(BASELINES[name], None, "file") for name in args.baselines]
     for layout in args.layouts:
         if "none" in args.policies:
             runs.append(("none", None, layout))
@@ -1030,7 +1044,12 @@ def main(argv: list[str] | None = None) -> int:
     # (1) The dataset, its sparse formats, the seeds and the budgets.
     t0 = time.perf_counter()
     try:
-        dataset = datasets.load(args.dataset, args.root, verify=False)
+        # Rows in memory only for the in-memory baseline: the rest reads
+        # the feature file.
+        dataset = datasets.load(
+            args.dataset, args.root, verify=False,
+            features_on="memory" if "in-memory" in args.baselines
+            else "disk")
     except ValueError as err:  # hmgraph's DatasetError and the like
         print(f"cache_policies: error: {args.dataset}: {err}",
               file=sys.stderr)

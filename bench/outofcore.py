@@ -184,9 +184,7 @@ def run_hmgraph(name: str, args, loader_only: bool) -> dict:
             "read_bytes": common.read_bytes() - before,
             "hit_rate": cache["hit_rate"],
             "storage": storage.as_dict(),
-            "amplification": storage.bytes_read / (
-                storage.rows_read * data.manifest.row_bytes)
-            if storage.rows_read else None,
+            "amplification": storage.amplification or None,
         }
     # Full evaluation, as `hmgraph train` runs it after an epoch.
     mode = resolve_eval(config, data, loader)
@@ -280,18 +278,24 @@ def report(result: dict) -> str:
             base["train"]["seconds_per_batch"] / train["seconds_per_batch"],
             r["construct_seconds"], r["load_seconds"],
             train.get("read_bytes", 0) / 1e9,
-            train.get("storage", {}).get("reads"),
+            train.get("storage", {}).get("io_requests"),
             train.get("amplification"),
+            train.get("storage", {}).get("seconds"),
+            train.get("storage", {}).get("model_seconds"),
             r["peak_rss_bytes"] / 1e9,
         ])
     lines += [common.markdown_table(
         ["dataset", "config", "batches", "train s", "train s/batch",
          "loader-only s/batch", "memmap / this", "construct s", "load s",
          "disk GB read (train)", "storage requests", "amplification",
-         "peak RSS GB"], rows), "",
+         "storage s", "model s", "peak RSS GB"], rows), "",
         "Batches marked capped stopped at `--max-seconds`; ratios are per "
         "batch. Disk GB read: block-device reads of the process "
-        "(`/proc/self/io`) during the training epoch.", ""]
+        "(`/proc/self/io`) during the training epoch. Storage requests, "
+        "amplification (bytes read / bytes of rows served) and seconds: "
+        "hmgraph's storage tier; model s: the same requests and bytes "
+        "priced by the disk model (requests / IOPS + bytes / bandwidth).",
+        ""]
     evals = [r for r in result["records"] if "evaluation" in r]
     if evals:
         lines += ["Full evaluation after the epoch (hmgraph):", "",

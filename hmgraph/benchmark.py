@@ -91,6 +91,10 @@ def run_one(name: str, settings: dict) -> dict:
         "hit_rate": cache.get("hit_rate", {}),
         "storage_bytes": (loader.get("storage") or {}).get("bytes_read",
                                                            0),
+        "storage_requests": (loader.get("storage") or {}).get(
+            "io_requests", 0),
+        "amplification": (loader.get("storage") or {}).get(
+            "amplification"),
         "host_to_device_bytes": cache.get("bytes", {}).get(
             "host->device", last.get("host_to_device_bytes", 0)),
         "reuse_rate": (loader.get("reuse") or {}).get("reuse_rate", 0.0),
@@ -229,8 +233,10 @@ def format_table(rows: list[dict], args) -> str:
         "| config | epoch s | vs DGL in-memory | sample s | fetch s "
         "(incl. transfer) | "
         "wait s | train s | device hit | host hit | storage read | "
+        "storage requests | read amplification | "
         "host->device | peak RSS MB | test acc |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:"
+        "|---:|---:|",
     ]
     for row in rows:
         s = row["seconds"]
@@ -242,7 +248,10 @@ def format_table(rows: list[dict], args) -> str:
             f"{s['train']:.2f} | {hits.get('device', 0):.1%} | "
             f"{hits.get('host', 0):.1%} | "
             f"{format_bytes(row['storage_bytes'])} | "
-            f"{format_bytes(row['host_to_device_bytes'])} | "
+            f"{row.get('storage_requests') or '-'} | "
+            + (f"{row['amplification']:.2f}" if row.get("amplification")
+               else "-")
+            + f" | {format_bytes(row['host_to_device_bytes'])} | "
             f"{row['peak_rss_mb']:.0f} | {row['test']:.4f} |")
     return "\n".join(lines)
 

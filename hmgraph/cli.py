@@ -137,15 +137,17 @@ def _build_parser() -> argparse.ArgumentParser:
     sampling.add_argument("--renumber", action="store_true",
                           help="make clusters contiguous id ranges "
                           "(feature file rewritten once)")
-    sampling.add_argument("--layout", default="file",
-                          choices=["file", "hot-first"],
+    sampling.add_argument("--layout", default="auto",
+                          choices=["auto", "file", "hot-first"],
                           help="order of the feature file's rows: as "
                           "stored, or hot-first (nodes renumbered hottest "
                           "first by a profile of the training batches, "
                           "inside each cluster with --renumber, so cached "
                           "rows fill whole pages and misses fall on cold "
                           "ones; the file is rewritten once and cached "
-                          "beside it); default file")
+                          "beside it). auto: hot-first with features on "
+                          "disk and a profiled cache (presample, "
+                          "layer-aware, hmgraph), else file")
     cache = train.add_argument_group("feature cache")
     cache.add_argument("--cache", default=None,
                        choices=[n for n in POLICIES if n != "belady"],

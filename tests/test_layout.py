@@ -119,9 +119,11 @@ def _config(tmp_path, **overrides) -> TrainConfig:
 
 
 RESOLVED = [
-    ({}, "file"),
+    ({}, "hot-first"),
     ({"features_on": "memory"}, "file"),
-    ({"cache": "presample", "layout": "hot-first"}, "hot-first"),
+    ({"cache": "lru"}, "file"),
+    ({"cache": None}, "file"),
+    ({"cache": "presample", "layout": "file"}, "file"),
     ({"features_on": "memory", "layout": "hot-first"}, "hot-first"),
 ]
 
@@ -172,7 +174,7 @@ def test_train_hot_first_with_cluster_renumbering(data_root, tmp_path):
 
     data = datasets.load("synth-tiny", data_root, features_on="disk")
     result = train(_config(tmp_path, sampler="cluster", renumber=True,
-                           clusters=8, epochs=1, layout="hot-first"),
+                           clusters=8, epochs=1, layout="auto"),
                    dataset=data)
     layout = result["layout"]
     assert layout["name"] == "hot-first"

@@ -40,6 +40,7 @@ def plot_analysis(result: dict, folder: str | Path, stem: str) -> list[Path]:
                   **style)
     axis.set_xscale("log")
     axis.set_xticks(x, [f"{v:g}%" for v in x])
+    axis.set_xticks([], minor=True)
     axis.set_xlabel("cache capacity (share of feature rows)")
     axis.set_ylabel("hit rate")
     axis.set_title("Hit rate by policy; Belady (OPT) is the ceiling")
@@ -106,6 +107,7 @@ def _plot_storage_bytes(result: dict, path: Path,
     x = [100 * b for b in sorted(next(iter(lines.values())))]
     axis.set_xscale("log")
     axis.set_xticks(x, [f"{v:g}%" for v in x])
+    axis.set_xticks([], minor=True)
     axis.set_xlabel("cache capacity (share of feature rows)")
     axis.set_ylabel("storage reads per epoch (GB)")
     axis.set_title(f"Blocks the misses read ({block} B blocks, rows "

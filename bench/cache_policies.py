@@ -254,28 +254,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"{', '.join(datasets.known_datasets())}"
         )
     args.fanouts = parse_fanouts(args.fanouts)
-    args.policies = parse_list("--policies", args.policies)
-    for name in args.policies:
-        if name not in POLICY_NAMES:
-            raise UsageError(
-                f"unknown policy {name!r} in --policies; available: "
-                f"{', '.join(POLICY_NAMES)}"
-            )
-    args.layouts = parse_list("--layouts", args.layouts)
-    for name in args.layouts:
-        if name not in LAYOUT_NAMES:
-            raise UsageError(
-                f"unknown layout {name!r} in --layouts; available: "
-                f"{', '.join(LAYOUT_NAMES)}"
-            )
-    args.baselines = [] if args.baselines == "none" else parse_list(
-        "--baselines", args.baselines)
-    for name in args.baselines:
-        if name not in BASELINES:
-            raise UsageError(
-                f"unknown baseline {name!r} in --baselines; available: "
-                f"{', '.join(BASELINES)}, none"
-            )
+    args.policies = parse_choices("--policies", args.policies, "policy",
+                                  POLICY_NAMES)
+    args.layouts = parse_choices("--layouts", args.layouts, "layout",
+                                 LAYOUT_NAMES)
+    args.baselines = [] if args.baselines == "none" else parse_choices(
+        "--baselines", args.baselines, "baseline", [*BASELINES, "none"])
     if args.staging is not None and not 0.0 <= args.staging < 1.0:
         raise UsageError(
             f"--staging must be a share of the host budget in [0, 1); got "
@@ -311,6 +295,18 @@ def parse_list(flag: str, text: str) -> list[str]:
     if len(set(items)) != len(items):
         raise UsageError(f"{flag} repeats a value: {text!r}")
     return items
+
+
+def parse_choices(flag: str, text: str, kind: str, names) -> list[str]:
+    """A comma-separated list of ``names``; a one-line error otherwise."""
+    chosen = parse_list(flag, text)
+    for name in chosen:
+        if name not in names:
+            raise UsageError(
+                f"unknown {kind} {name!r} in {flag}; available: "
+                f"{', '.join(names)}"
+            )
+    return chosen
 
 
 def parse_fanouts(text: str) -> list[int]:

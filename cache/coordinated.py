@@ -183,7 +183,7 @@ class FeatureCache(Feature):
                 "staged", self.num_rows, self.row_shape, self.dtype,
                 min(staging_rows, self.num_rows), "cpu",
                 pin=self.device.type == "cuda")
-            # Per row, 1 + distance to its next use in the window (or 0).
+            # Per row, batches until its next use in the window (or 0).
             self._marks = torch.zeros(self.num_rows, dtype=torch.int8)
         for layer in self.layers:
             self._warm(layer)
@@ -272,7 +272,8 @@ class FeatureCache(Feature):
         return out if inverse is None else out[inverse.to(self.device)]
 
     def _mark_window(self, future) -> torch.Tensor:
-        """Per row: 1 + distance to its first use in the window, else 0."""
+        """Per row: batches until its first use in the window (1: the next
+        batch), else 0."""
         marks = self._marks
         marks.zero_()
         for distance in range(len(future), 0, -1):

@@ -1009,7 +1009,7 @@ def prepare_layout(name: str, dataset, seeds: torch.Tensor, args):
         batch_size=args.batch_size, profile_batches=PROFILE_BATCHES,
         seed=SEED,
     )
-    renumbered, _, record = _prepare(config, view)
+    renumbered, _, record, _ = _prepare(config, view)
     start = time.perf_counter()
     renumbered.graph.create_formats_()
     record["formats_seconds"] = time.perf_counter() - start

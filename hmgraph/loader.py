@@ -202,6 +202,10 @@ class DataLoader:
         are kept until used, so a block is read once per window. Default
         `STAGING_SHARE` when features come from the storage tier and the
         loader looks ahead, else 0.
+    profile : hmgraph.samplers.presample.Profile, optional
+        A profile of this loader's batches (same seeds, sampler, batch
+        size and seed), e.g. the one a hot-first layout was ordered by:
+        used instead of a profiling pass.
     """
 
     def __init__(self, graph, indices, graph_sampler, *, features=None,
@@ -211,7 +215,7 @@ class DataLoader:
                  host_budget_bytes: int = 0, prefetch: int = 0,
                  window: int | None = None, profile_batches: int = 32,
                  reuse: str = "none", placement: str = "frequency",
-                 staging: float | None = None):
+                 staging: float | None = None, profile=None):
         indices = torch.as_tensor(indices)
         if indices.dtype not in (torch.int32, torch.int64):
             raise TypeError(
@@ -257,7 +261,13 @@ class DataLoader:
         self.seed = seed
         self.prefetch = prefetch
         self.epoch = 0
-        self.profile = None
+        if profile is not None and profile.counts.numel() != \
+                graph.num_nodes():
+            raise ValueError(
+                f"profile counts {profile.counts.numel()} rows, but the "
+                f"graph has {graph.num_nodes()} nodes"
+            )
+        self.profile = profile
         if staging is None:
             looks_ahead = (4 if window is None else window) > 0
             staging = STAGING_SHARE if looks_ahead and hasattr(
@@ -322,6 +332,8 @@ class DataLoader:
     def _profile(self, profile_batches: int) -> None:
         from hmgraph.samplers.presample import presample
 
+        if self.profile is not None:  # given, or already taken
+            return
         start = time.perf_counter()
         self.profile = presample(
             self.graph, self.graph_sampler, self.indices, self.batch_size,

@@ -186,9 +186,9 @@ def train(config: TrainConfig, dataset=None) -> dict:
         else None
     completed = state["completed"] if state else []
     device = torch.device(config.device)
-    dataset, sampler, layout = _prepare(config, dataset)
+    dataset, sampler, layout, profile = _prepare(config, dataset)
     log.info("%s", dataset)
-    loader, memory = make_loader(config, dataset, sampler, device)
+    loader, memory = make_loader(config, dataset, sampler, device, profile)
     eval_mode = resolve_eval(config, dataset, loader)
     log.info("evaluation: %s", eval_mode)
     metric = dataset.evaluator.eval_metric
@@ -242,12 +242,14 @@ def resolve_layout(config) -> str:
 
 def _make_sampler(config, dataset):
     """The sampler asked for, and the dataset renumbered if asked."""
-    dataset, sampler, _ = _prepare(config, dataset)
+    dataset, sampler, _, _ = _prepare(config, dataset)
     return dataset, sampler
 
 
 def _prepare(config, dataset):
-    """The dataset in the ids training uses, its sampler, a layout record.
+    """The dataset in the ids training uses, its sampler, a layout record
+    and, for hot-first, the profile it was ordered by (in the final ids,
+    for the loader to plan from instead of profiling again; else None).
 
     (1) METIS clusters for the cluster sampler or ``renumber``; (2) with
     layout ``file``, the dataset renumbered by cluster if asked; (3) with
@@ -290,7 +292,7 @@ def _prepare(config, dataset):
                   "reused": bool(dataset.info.get("reused", False)),
                   "path": str(dataset.feature_path)}
         return dataset, _build_sampler(config, dataset.graph, clusters), \
-            record
+            record, None
     # (3) Hot first: profile the batches the loader will profile, in the
     # ids it will see them in (only the graph renumbered by cluster: the
     # rows are rewritten once, in the final order).
@@ -330,7 +332,8 @@ def _prepare(config, dataset):
              profile.num_batches, record["seconds"],
              "reused" if record["reused"] else "wrote",
              dataset.feature_path)
-    return dataset, _build_sampler(config, dataset.graph, clusters), record
+    return dataset, _build_sampler(config, dataset.graph, clusters), \
+        record, profile.renamed(hot)
 
 
 def _hotness(config, profile) -> torch.Tensor:
@@ -360,8 +363,11 @@ def _build_sampler(config, graph, clusters):
     return dgl.dataloading.NeighborSampler(config.fanouts)
 
 
-def make_loader(config, dataset, sampler, device):
+def make_loader(config, dataset, sampler, device, profile=None):
     """The training loader with the cache and feature source asked for.
+
+    ``profile`` (a `hmgraph.samplers.presample.Profile` of the loader's own
+    batches) spares the loader its profiling pass.
 
     Returns the loader and a record of the memory it was sized with:
     graph bytes, feature bytes, working set and the budgets in bytes.
@@ -414,7 +420,7 @@ def make_loader(config, dataset, sampler, device):
         device_budget_bytes=device_budget, host_budget_bytes=host_budget,
         prefetch=config.prefetch, window=config.window,
         profile_batches=config.profile_batches, reuse=config.reuse,
-        placement=config.placement,
+        placement=config.placement, profile=profile,
     )
     return loader, memory
 

@@ -44,6 +44,13 @@ class Profile:
         """Row accesses in the profile."""
         return int(self.counts.sum())
 
+    def renamed(self, perm: torch.Tensor) -> Profile:
+        """The same profile with node ``perm[new]`` renamed ``new``."""
+        inverse = torch.empty_like(perm)
+        inverse[perm] = torch.arange(perm.numel())
+        return Profile(self.counts[perm], self.hop_counts[:, perm],
+                       [inverse[ids].sort().values for ids in self.trace])
+
 
 def presample(graph, graph_sampler, seeds: torch.Tensor, batch_size: int,
               num_batches: int, seed: int = 0, progress=None,

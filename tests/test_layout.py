@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
+import dgl
 import numpy as np
 import pytest
 import torch
 
+import hmgraph
 from hmgraph.cache.format import open_feature_file
 from hmgraph.datasets.renumbered import permuted, renumbered, to_original
 from hmgraph.samplers.cluster import metis_clusters
@@ -189,3 +191,42 @@ def test_train_hot_first_with_cluster_renumbering(data_root, tmp_path):
     _, rows = open_feature_file(layout["path"], verify=True)
     np.testing.assert_array_equal(rows, data.features[perm.numpy()])
     assert result["summary"]["test_mean"] > 2.0 / data.num_classes
+
+
+def test_profile_renamed_follows_the_permutation():
+    from hmgraph.samplers.presample import Profile
+
+    profile = Profile(torch.tensor([3, 0, 1, 2]),
+                      torch.tensor([[1, 0, 0, 0], [2, 0, 1, 2]]),
+                      [torch.tensor([0, 2]), torch.tensor([0, 3])])
+    perm = torch.tensor([0, 3, 2, 1])  # new -> old
+    renamed = profile.renamed(perm)
+    assert renamed.counts.tolist() == [3, 2, 1, 0]
+    assert renamed.hop_counts.tolist() == [[1, 0, 0, 0], [2, 2, 1, 0]]
+    assert [t.tolist() for t in renamed.trace] == [[0, 2], [0, 1]]
+
+
+def test_hot_first_training_profiles_once(tiny, tmp_path, monkeypatch):
+    """The loader plans from the layout's profile instead of its own."""
+    import importlib
+
+    presample_module = importlib.import_module("hmgraph.samplers.presample")
+    calls = []
+    real = presample_module.presample
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(presample_module, "presample", counting)
+    result = train(_config(tmp_path, layout="hot-first"), dataset=tiny)
+    assert result["layout"]["name"] == "hot-first"
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="profile counts 3 rows"):
+        hmgraph.DataLoader(
+            tiny.graph, tiny.split["train"],
+            dgl.dataloading.NeighborSampler([2]),
+            features=tiny.feature_path, cache="presample",
+            profile=presample_module.Profile(
+                torch.zeros(3, dtype=torch.int64),
+                torch.zeros((2, 3), dtype=torch.int64), []))

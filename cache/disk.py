@@ -220,21 +220,23 @@ def measure_disk(path: str | os.PathLike, queue_depth: int = 4,
 
 
 def disk_model(path: str | os.PathLike, queue_depth: int = 4,
-               seconds: float = 2.0) -> DiskModel:
+               seconds: float = 2.0, refresh: bool = False) -> DiskModel:
     """The device model for ``path``'s device: cached, else measured.
 
     The measurement is kept in ``<path>.disk.json`` (written atomically)
     and in memory, keyed by the device id and queue depth; a cache from
-    another device (the file was moved) is measured again.
+    another device (the file was moved) is measured again, and so is any
+    with ``refresh`` (a disk whose speed has drifted: ``hmgraph disk
+    --refresh``).
     """
     path = Path(path)
     device = path.stat().st_dev
     key = (device, queue_depth)
     with _memo_lock:
-        if key in _memo:
+        if key in _memo and not refresh:
             return _memo[key]
         cache = path.with_name(path.name + ".disk.json")
-        model = _load(cache, device, queue_depth)
+        model = None if refresh else _load(cache, device, queue_depth)
         if model is None:
             model = measure_disk(path, queue_depth, seconds)
             log.info("measured %s: %s", path, model.describe())

@@ -202,6 +202,19 @@ def _build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--seed", type=int, default=0)
     analyze.add_argument("--out", default="bench/results")
     analyze.add_argument("--no-verify", action="store_true")
+    disk = commands.add_parser(
+        "disk", help="the disk model a feature file is read with",
+        description="Print the disk model the storage tier plans and "
+        "prices reads with (logical block size, random 4 KiB reads/s at "
+        "the queue depth, sequential bandwidth, break-even gap), measured "
+        "once on the file and cached beside it; --refresh measures again.",
+    )
+    disk.add_argument("path", help="a feature file (node-feat.bin)")
+    disk.add_argument("--threads", type=_positive_int, default=4,
+                      help="queue depth: the storage tier's threads "
+                      "(default: 4)")
+    disk.add_argument("--refresh", action="store_true",
+                      help="measure again and replace the cached model")
     from hmgraph.classify import add_parser as add_classify
 
     add_classify(commands)
@@ -323,6 +336,20 @@ def _train_command(args) -> int:
     return 0
 
 
+def _disk_command(args) -> int:
+    import json
+    from pathlib import Path
+
+    from hmgraph.cache.disk import disk_model
+    from hmgraph.cache.format import read_manifest
+
+    read_manifest(Path(args.path))  # a feature file, or a one-line error
+    model = disk_model(args.path, args.threads, refresh=args.refresh)
+    print(model.describe())
+    print(json.dumps(model.as_dict(), indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hmgraph`` console script."""
     parser = _build_parser()
@@ -336,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
 
     commands = {"train": _train_command, "analyze": _analyze_command,
                 "bench": _bench_command, "classify": classify.command,
+                "disk": _disk_command,
                 "partition": distributed.partition_command,
                 "train-dist": distributed.train_dist_command}
     try:

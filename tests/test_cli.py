@@ -93,3 +93,23 @@ def test_help_lists_datasets(capsys):
     assert proc.returncode == 0
     text = "".join(proc.stdout.split())  # help text wraps at hyphens
     assert "synth-products" in text and "ogbn-papers100M" in text
+
+
+def test_disk_prints_and_caches_the_model(capsys, tmp_path):
+    import json
+
+    import numpy as np
+
+    from hmgraph.cache.format import write_feature_file
+
+    path = tmp_path / "node-feat.bin"
+    write_feature_file(path, np.ones((4000, 100), dtype=np.float32))
+    assert main(["disk", str(path), "--threads", "2", "--refresh"]) == 0
+    out = capsys.readouterr().out
+    assert "random 4 KiB reads/s at queue depth 2" in out
+    cached = json.loads((tmp_path / "node-feat.bin.disk.json").read_text())
+    assert cached["queue_depth"] == 2 and cached["iops"] > 0
+    printed = json.loads(out[out.index("{"):])
+    assert printed["iops"] == cached["iops"]
+    assert main(["disk", str(tmp_path / "missing.bin")]) == 2
+    assert "does not exist" in capsys.readouterr().err

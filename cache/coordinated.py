@@ -271,14 +271,13 @@ class FeatureCache(Feature):
         self.stats.seconds += time.perf_counter() - start
         return out if inverse is None else out[inverse.to(self.device)]
 
-    def _mark_window(self, future) -> torch.Tensor:
+    def _mark_window(self, future) -> None:
         """Per row: batches until its first use in the window (1: the next
         batch), else 0."""
         marks = self._marks
         marks.zero_()
         for distance in range(len(future), 0, -1):
             marks[future[distance - 1]] = min(distance, 127)
-        return marks
 
     def _candidates(self, unique: torch.Tensor) -> torch.Tensor:
         """Sorted ids the window needs that are not cached, not staged and

@@ -42,8 +42,8 @@ from hmgraph.cache.format import PAGE_BYTES, atomic_path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DiskModel", "ReadPlan", "disk_model", "measure_disk",
-           "read_plan"]
+__all__ = ["DiskModel", "ReadPlan", "block_span", "disk_model",
+           "measure_disk", "read_plan"]
 
 #: Version of the cached measurement; older caches are measured again.
 _MODEL_VERSION = 2
@@ -299,13 +299,18 @@ class ReadPlan:
         """bool per id (sorted): the id's bytes lie inside one run."""
         if not len(ids) or not self.runs:
             return np.zeros(len(ids), dtype=bool)
-        start = data_offset + ids * row_bytes
-        first = start // block_bytes
-        last = (start + row_bytes - 1) // block_bytes
+        first, last = block_span(ids, row_bytes, data_offset, block_bytes)
         run = np.searchsorted(self.run_first, first, side="right") - 1
         inside = run >= 0
         run = np.maximum(run, 0)
         return inside & (last <= self.run_last[run])
+
+
+def block_span(ids: np.ndarray, row_bytes: int, data_offset: int,
+               block_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """First and last block (inclusive) holding each row of ``ids``."""
+    start = data_offset + np.asarray(ids, dtype=np.int64) * row_bytes
+    return start // block_bytes, (start + row_bytes - 1) // block_bytes
 
 
 def read_plan(ids: np.ndarray, row_bytes: int, data_offset: int,
@@ -320,9 +325,7 @@ def read_plan(ids: np.ndarray, row_bytes: int, data_offset: int,
     if not len(ids):
         empty = np.zeros(0, dtype=np.int64)
         return ReadPlan(empty, empty, np.zeros(0, dtype=bool), empty, empty)
-    start = data_offset + ids * row_bytes
-    first = start // block_bytes
-    last = (start + row_bytes - 1) // block_bytes
+    first, last = block_span(ids, row_bytes, data_offset, block_bytes)
     opens = np.ones(len(ids), dtype=bool)
     opens[1:] = first[1:] > last[:-1] + 1 + max_gap_blocks
     heads = np.flatnonzero(opens)

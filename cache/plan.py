@@ -25,7 +25,8 @@ from hmgraph.cache.slots import SlotStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CachePlan", "build_cache", "make_plan", "replay"]
+__all__ = ["CachePlan", "build_cache", "make_plan", "replay",
+           "replay_hits"]
 
 #: Static shares of the cache tried when choosing the hmgraph split.
 STATIC_SHARES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
@@ -247,15 +248,29 @@ def replay(policy, trace: Sequence[torch.Tensor], window: int | None = None
     float
         Hits over requested rows; 0.0 for an empty trace.
     """
+    hits, requested = replay_hits(policy, trace, window)
+    return hits / requested if requested else 0.0
+
+
+def replay_hits(policy, trace: Sequence[torch.Tensor],
+                window: int | None = None, on_miss=None) -> tuple[int, int]:
+    """Hits and requested rows of a replay (see `replay`).
+
+    ``on_miss``, if given, is called with each batch's missed ids (sorted,
+    unique), e.g. to cost them in storage blocks.
+    """
     if window is None:
         window = getattr(policy, "window", 0)
     policy.warm()
     hits = requested = 0
     for index, ids in enumerate(trace):
         future = trace[index + 1:index + 1 + window] if window else ()
-        hits += int(policy.step(ids, future).hit.sum())
+        hit = policy.step(ids, future).hit
+        hits += int(hit.sum())
         requested += ids.numel()
-    return hits / requested if requested else 0.0
+        if on_miss is not None:
+            on_miss(ids[~hit])
+    return hits, requested
 
 
 def build_cache(source: Feature, plan: CachePlan, device="cpu", *,

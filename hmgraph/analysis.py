@@ -27,7 +27,7 @@ import torch
 
 from hmgraph.cache.disk import read_plan
 from hmgraph.cache.format import DATA_OFFSET, PAGE_BYTES
-from hmgraph.cache.plan import make_plan
+from hmgraph.cache.plan import make_plan, replay_hits
 from hmgraph.cache.policies import (
     BeladyPolicy,
     make_policy,
@@ -171,33 +171,18 @@ class PageView:
         return out
 
 
-def _replay(policy, trace, window=None, pages=None):
-    """Replay ``policy`` on ``trace`` (as `hmgraph.cache.plan.replay`).
-
-    Returns
-    -------
-    (int, numpy.ndarray or None)
-        Hits, and the summed `PageView.cost` of each batch's missed rows
-        (None without ``pages``).
-    """
-    if window is None:
-        window = getattr(policy, "window", 0)
-    policy.warm()
-    hits = 0
-    cost = pages.zeros() if pages is not None else None
-    for index, ids in enumerate(trace):
-        future = trace[index + 1:index + 1 + window] if window else ()
-        hit = policy.step(ids, future).hit
-        hits += int(hit.sum())
-        if pages is not None:
-            cost += pages.cost(ids[~hit])
-    return hits, cost
-
-
 def _replay_rate(policy, trace, requested, reused=0, window=None,
                  pages=None):
-    """Hit rate of a replay (reused rows count as hits), and its cost."""
-    hits, cost = _replay(policy, trace, window, pages)
+    """Hit rate of a replay (reused rows count as hits), and the summed
+    `PageView.cost` of each batch's missed rows (None without ``pages``).
+    """
+    cost = pages.zeros() if pages is not None else None
+
+    def add_cost(missed):
+        cost[...] += pages.cost(missed)
+
+    hits, _ = replay_hits(policy, trace, window,
+                          add_cost if pages is not None else None)
     return ((hits + reused) / requested if requested else 0.0), cost
 
 

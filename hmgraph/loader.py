@@ -1,29 +1,37 @@
-"""`hmgraph.DataLoader`: DGL's mini-batch contract over hmgraph's stages.
+"""`hmgraph.DataLoader`: `dgl.dataloading.DataLoader`, with hmgraph's cache.
 
-A mini-batch goes through the stages of `hmgraph.pipeline`:
+It takes what DGL 2.1's loader takes, with DGL's meaning, and yields what
+DGL's yields: any sampler, any indices (node ids, edge ids, dicts of
+types), the features the sampler asks for resolved in the blocks. The one
+node feature hmgraph caches (``feature_name``, default ``"feat"``) is read
+through the cache tiers (device -> host -> storage), looking ahead at the
+batches already sampled; every other feature is gathered as DGL gathers
+it. A batch goes through the stages of `hmgraph.pipeline`:
 
-1. **sample**: seeds drawn with a generator seeded ``seed + epoch`` (as
-   GraphBolt's ``ItemSampler``; DGL's generator is seeded alike) and handed
-   to any DGL ``BlockSampler``;
-2. **fetch**: input rows read through the feature cache (device -> host ->
-   storage), with the batches already sampled ahead as lookahead;
-3. **transfer**: rows and labels land on the training device.
+1. **sample**: DGL's own seed datasets cut the batches (shuffled as DGL
+   shuffles, or in an order hmgraph chooses) and the sampler runs, in the
+   training thread, a background thread, or DGL's worker processes;
+2. **fetch**: the cached feature's rows come through the cache, the other
+   lazy features from the graph, and the batch moves to the device.
 
-With ``prefetch > 0`` sampling and fetching run in background threads,
-``prefetch`` batches ahead of training.
+With ``prefetch > 0`` the stages run in background threads, ``prefetch``
+batches ahead of training.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from hmgraph import dglbatch
 from hmgraph.cache.coordinated import CacheStats, FeatureCache
 from hmgraph.cache.feature import Feature, TensorFeature
 from hmgraph.cache.plan import CachePlan, build_cache, make_plan
@@ -44,44 +52,49 @@ STAGING_SHARE = 0.5
 
 
 class MiniBatch(tuple):
-    """``(input_nodes, output_nodes, blocks)``, plus the batch's tensors.
+    """A sampler's batch, plus the cached feature's rows and the labels.
 
-    Unpacks exactly like a batch of `dgl.dataloading.DataLoader`. On the CPU
-    the input rows are also in ``blocks[0].srcdata["feat"]`` and the labels
-    in ``blocks[-1].dstdata["label"]``; on other devices (DGL's wheel has no
-    CUDA, so blocks stay on the CPU) read them from the attributes.
+    Unpacks exactly like a batch of `dgl.dataloading.DataLoader`: for a
+    block sampler ``(input_nodes, output_nodes, blocks)``; for edge
+    prediction ``(input_nodes, pair_graph, blocks)`` or ``(input_nodes,
+    pair_graph, neg_pair_graph, blocks)``; for other samplers whatever
+    tuple they return. The input rows are also in
+    ``blocks[0].srcdata[feature_name]`` and, for node batches, the labels
+    in ``blocks[-1].dstdata["label"]`` (on other devices, where DGL's
+    wheel has no CUDA and blocks stay on the CPU, read the attributes).
 
     Attributes
     ----------
-    x : torch.Tensor
-        Rows of ``input_nodes``, on the loader's device.
+    x : torch.Tensor, dict or None
+        Rows of ``input_nodes`` (per node type on heterographs), on the
+        loader's device; None where the batch has no blocks.
     y : torch.Tensor or None
-        Labels of ``output_nodes``, on the loader's device.
+        Labels of the output nodes of a node batch, on the device.
     """
 
-    x: torch.Tensor
+    x: torch.Tensor | dict | None
     y: torch.Tensor | None
 
-    def __new__(cls, input_nodes, output_nodes, blocks, x, y=None):
-        batch = super().__new__(cls, (input_nodes, output_nodes, blocks))
+    def __new__(cls, items, x=None, y=None):
+        batch = super().__new__(cls, items)
         batch.x = x
         batch.y = y
         return batch
 
     @property
-    def input_nodes(self) -> torch.Tensor:
-        """Ids whose rows the first layer reads (CPU)."""
+    def input_nodes(self):
+        """Ids whose rows the first layer reads."""
         return self[0]
 
     @property
-    def output_nodes(self) -> torch.Tensor:
-        """The seeds of the batch (CPU)."""
+    def output_nodes(self):
+        """The seeds of a node batch (the pair graph of an edge batch)."""
         return self[1]
 
     @property
     def blocks(self) -> list:
-        """DGL blocks, one per layer (CPU)."""
-        return self[2]
+        """DGL blocks, one per layer."""
+        return self[-1]
 
 
 @dataclass
@@ -93,14 +106,15 @@ class LoaderStats:
     batches : int
         Mini-batches produced.
     rows_requested : int
-        Input rows of all batches.
+        Rows of the cached feature read by all batches.
     seconds : dict of str to float
         Per stage: ``sample`` and ``fetch`` (in their threads when
         prefetching), ``wait`` (training waiting for a batch).
-    cache : CacheStats
-        Hits per tier, admissions, bytes per link.
+    cache : CacheStats, dict or None
+        Hits per tier, admissions, bytes per link (per node type on
+        heterographs).
     storage : object or None
-        The storage tier's counters (pages and bytes read), if any.
+        The storage tier's counters (requests and bytes read), if any.
     reuse : ReuseStats or None
         Rows reused per level, bytes saved, seconds finding duplicates.
     """
@@ -109,44 +123,51 @@ class LoaderStats:
     rows_requested: int = 0
     seconds: dict = field(default_factory=lambda: {
         "sample": 0.0, "fetch": 0.0, "wait": 0.0})
-    cache: CacheStats | None = None
+    cache: CacheStats | dict | None = None
     storage: object = None
     reuse: object = None
+
+    def _parts(self) -> list:
+        return [s for s in (self.cache, self.storage, self.reuse)
+                if s is not None]
 
     def reset(self) -> None:
         """Zero every counter, the cache's and storage's included."""
         self.batches = 0
         self.rows_requested = 0
         self.seconds = {key: 0.0 for key in self.seconds}
-        if self.cache is not None:
-            self.cache.reset()
-        if self.storage is not None:
-            self.storage.reset()
-        if self.reuse is not None:
-            self.reuse.reset()
+        for part in self._parts():
+            for stats in (part.values() if isinstance(part, dict)
+                          else [part]):
+                stats.reset()
 
     def hit_rate(self, tier: str) -> float:
         """Share of input rows served by ``tier`` (0.0 before any)."""
-        return self.cache.hit_rate(tier) if self.cache else 0.0
+        caches = self.cache.values() if isinstance(self.cache, dict) \
+            else [self.cache] if self.cache is not None else []
+        hits = sum(c.hits.get(tier, 0) for c in caches)
+        asked = sum(c.rows_requested for c in caches)
+        return hits / asked if asked else 0.0
 
     def as_dict(self) -> dict:
         """Counters as a JSON-ready dict."""
         record = {"batches": self.batches,
                   "rows_requested": self.rows_requested,
                   "seconds": dict(self.seconds)}
-        if self.cache is not None:
-            record["cache"] = self.cache.as_dict()
-        if self.storage is not None:
-            record["storage"] = self.storage.as_dict()
-        if self.reuse is not None:
-            record["reuse"] = self.reuse.as_dict()
+        for name in ("cache", "storage", "reuse"):
+            part = getattr(self, name)
+            if isinstance(part, dict):
+                record[name] = {k: v.as_dict() for k, v in part.items()}
+            elif part is not None:
+                record[name] = part.as_dict()
         return record
 
 
 class DataLoader:
-    """Mini-batches of seeds, sampled blocks and their input rows.
+    """Mini-batches from any DGL sampler, the cached feature through
+    hmgraph's tiers: `dgl.dataloading.DataLoader` with one import changed.
 
-    Iterates exactly like `dgl.dataloading.DataLoader`::
+    Iterates exactly like DGL's loader::
 
         for input_nodes, output_nodes, blocks in loader:
             x = blocks[0].srcdata["feat"]
@@ -155,72 +176,102 @@ class DataLoader:
     Parameters
     ----------
     graph : dgl.DGLGraph
-        The graph (CPU).
-    indices : torch.Tensor
-        Seed node ids (int64) to iterate over.
-    graph_sampler : dgl.dataloading.BlockSampler
-        Any DGL block sampler, e.g. ``NeighborSampler([15, 10, 5])``.
-    features : tensor, numpy array, Feature or path, optional
-        Rows by node id: in memory (tensor, array, memmap), any
+        The graph (CPU), homogeneous or heterogeneous, int32 or int64.
+    indices : tensor, array, list or dict of them
+        What the sampler samples from, with the sampler's meaning: node
+        ids for block samplers, edge ids for `as_edge_prediction_sampler`,
+        partition ids for ``ClusterGCNSampler``; a dict by node (edge)
+        type on heterographs.
+    graph_sampler : dgl.dataloading.Sampler
+        Any DGL sampler (block, edge prediction, subgraph) or hmgraph's.
+    device : torch.device or str, optional
+        Where batches land; default the graph's device (with ``use_uva``
+        the current CUDA device), as DGL.
+    use_ddp : bool
+        Split the indices across the ranks of ``torch.distributed``, as
+        DGL's ``DDPTensorizedDataset``: each rank a contiguous share,
+        padded (unless ``drop_last``) so every rank has as many batches,
+        shuffled per rank every epoch.
+    ddp_seed : int
+        As in DGL (which keeps it but does not draw from it); here also
+        the seed of the reproducible order when ``seed`` is not given and
+        `set_epoch` is called.
+    batch_size, drop_last, shuffle
+        As in DGL. The order is reshuffled every epoch, drawn as DGL
+        draws it (NumPy's global generator), from ``generator`` if given,
+        or, with ``seed``, from a generator seeded ``seed + epoch``.
+    use_prefetch_thread : bool, optional
+        Fetch in a background thread (at least ``prefetch=1``). Unlike
+        DGL, also on the CPU, where hmgraph's fetch reads the disk.
+    use_alternate_streams : bool, optional
+        CUDA: copy to the device on a side stream (default on CUDA).
+    pin_prefetcher : bool, optional
+        CUDA: pin gathered rows before the copy (default on CUDA).
+    use_uva : bool
+        CUDA: the graph and in-memory rows stay in pinned host memory and
+        are read by the device (the cache's host tier is pinned anyway).
+    gpu_cache : dict, optional
+        DGL's ``{"node": {name: rows}}``: rows of the cached feature held
+        on the device, i.e. the device tier's budget.
+    features : tensor, numpy array, Feature, path or dict, optional
+        The cached feature's rows by node id: in memory, any
         `hmgraph.cache.Feature` (e.g. the O_DIRECT storage tier), or the
-        path of a feature file (opened as the storage tier). Default
-        ``graph.ndata["feat"]``.
+        path of a feature file; a dict of them by node type. Default the
+        graph's ``feature_name`` node data, where it has it.
+    feature_name : str
+        The node feature that goes through the cache.
     labels : torch.Tensor, optional
         Labels by node id; default ``graph.ndata["label"]`` if present.
-    batch_size, shuffle, drop_last, device, seed
-        As in `dgl.dataloading.DataLoader`; the shuffle of epoch ``e``
-        uses a generator seeded ``seed + e`` (see `set_epoch`), and DGL's
-        generator is seeded alike. DGL samples with one generator per
-        OpenMP thread, so sampled blocks repeat exactly only with
-        ``OMP_NUM_THREADS=1``; the seed order always repeats.
+    seed : int, optional
+        Draw epoch ``e``'s order from a generator seeded ``seed + e``
+        (repeatable; ``e`` advances each pass, `set_epoch` sets it).
     cache : str, CachePlan or None
         ``None`` switches caching off; a policy name (``hmgraph``,
         ``presample``, ``degree``, ``lru``, ``clock``, ``none``) is
         planned from a profiling pass of ``profile_batches`` batches with
-        this sampler; a `CachePlan` is used as given.
+        this sampler (which reseeds DGL's generator from NumPy's); a
+        `CachePlan` is used as given.
     device_budget_bytes, host_budget_bytes : int
         Memory for cached rows on the device and in host memory.
     prefetch : int
         Batches sampled and fetched ahead in background threads; 0 runs
-        every stage in the training thread.
+        every stage in the training thread, as DGL on the CPU.
     window : int, optional
         Lookahead batches given to the cache (default: the plan's).
     profile_batches : int
         Batches sampled to profile row accesses for the plan.
     reuse : str
-        Batch reuse: ``"none"``, ``"one-level"`` (rows of the previous
-        batch stay on the device) or ``"two-level"`` (and those of the
-        batch before it). Works with any sampler and cache, ``None``
-        included; its buffers come out of the device budget.
+        Batch reuse: ``"none"``, ``"one-level"`` or ``"two-level"`` (rows
+        of the previous batches stay on the device).
     placement : str
-        How profiled rows rank for static placement in ``hmgraph`` and
-        ``presample``: ``"frequency"`` (batches that read the row) or
+        How profiled rows rank for static placement: ``"frequency"`` or
         ``"layer-aware"`` (per-hop need, hops near the seeds first).
     staging : float, optional
-        Share of the host budget for window read planning: rows the next
-        ``window`` batches need that this batch's block reads bring along
-        are kept until used, so a block is read once per window. Default
-        `STAGING_SHARE` when features come from the storage tier and the
-        loader looks ahead, else 0.
+        Share of the host budget for window read planning (default
+        `STAGING_SHARE` with the storage tier and lookahead, else 0).
     profile : hmgraph.samplers.presample.Profile, optional
-        A profile of this loader's batches (same seeds, sampler, batch
-        size and seed), e.g. the one a hot-first layout was ordered by:
-        used instead of a profiling pass.
+        A profile of this loader's batches, used instead of profiling.
+    **kwargs
+        ``torch.utils.data.DataLoader``'s, as DGL passes them on:
+        ``num_workers`` (sampling in worker processes, each a contiguous
+        run of batches), ``persistent_workers``, ``worker_init_fn``,
+        ``prefetch_factor``, ``timeout`` (also bounds waiting on
+        hmgraph's threads), ``generator``, ``multiprocessing_context``.
     """
 
-    def __init__(self, graph, indices, graph_sampler, *, features=None,
-                 labels=None, batch_size: int = 1, shuffle: bool = False,
-                 drop_last: bool = False, device="cpu", seed: int = 0,
-                 cache=None, device_budget_bytes: int = 0,
-                 host_budget_bytes: int = 0, prefetch: int = 0,
-                 window: int | None = None, profile_batches: int = 32,
-                 reuse: str = "none", placement: str = "frequency",
-                 staging: float | None = None, profile=None):
-        indices = torch.as_tensor(indices)
-        if indices.dtype not in (torch.int32, torch.int64):
-            raise TypeError(
-                f"indices must be an integer tensor, got {indices.dtype}"
-            )
+    def __init__(self, graph, indices, graph_sampler, device=None,
+                 use_ddp: bool = False, ddp_seed: int = 0,
+                 batch_size: int = 1, drop_last: bool = False,
+                 shuffle: bool = False, use_prefetch_thread=None,
+                 use_alternate_streams=None, pin_prefetcher=None,
+                 use_uva: bool = False, gpu_cache=None, *, features=None,
+                 feature_name: str = "feat", labels=None,
+                 seed: int | None = None, cache=None,
+                 device_budget_bytes: int = 0, host_budget_bytes: int = 0,
+                 prefetch: int = 0, window: int | None = None,
+                 profile_batches: int = 32, reuse: str = "none",
+                 placement: str = "frequency",
+                 staging: float | None = None, profile=None, **kwargs):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if prefetch < 0:
@@ -228,98 +279,216 @@ class DataLoader:
         if placement not in ("frequency", "layer-aware"):
             raise ValueError(f"unknown placement {placement!r}; available: "
                              f"frequency, layer-aware")
-        self.placement = placement
         if reuse not in REUSE_LEVELS:
             raise ValueError(f"unknown reuse {reuse!r}; available: "
                              f"{', '.join(REUSE_LEVELS)}")
-        if indices.numel() and (
-            int(indices.min()) < 0 or int(indices.max()) >= graph.num_nodes()
-        ):
-            bad = int(indices.max()) if int(indices.min()) >= 0 else int(
-                indices.min())
-            raise ValueError(
-                f"seed id {bad} out of range: the graph has "
-                f"{graph.num_nodes()} nodes"
-            )
-        source = _as_feature(graph.ndata["feat"] if features is None
-                             else features)
-        if source.num_rows != graph.num_nodes():
-            raise ValueError(
-                f"features have {source.num_rows} rows, but the graph has "
-                f"{graph.num_nodes()} nodes"
-            )
-        if labels is None and "label" in graph.ndata:
-            labels = graph.ndata["label"]
         self.graph = graph
-        self.indices = indices.long()
         self.graph_sampler = graph_sampler
-        self.labels = labels
+        self.indices = _as_indices(indices, graph, graph_sampler)
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.drop_last = drop_last
-        self.device = torch.device(device)
+        self.use_ddp = use_ddp
+        self.ddp_seed = ddp_seed
+        self.use_uva = use_uva
         self.seed = seed
-        self.prefetch = prefetch
         self.epoch = 0
-        if profile is not None and profile.counts.numel() != \
-                graph.num_nodes():
+        self.placement = placement
+        self.feature_name = feature_name
+        self.num_workers = int(kwargs.get("num_workers", 0))
+        self.device = _device(device, graph, use_uva)
+        self._gpu_options(use_prefetch_thread, use_alternate_streams,
+                          pin_prefetcher)
+        if self.use_prefetch_thread:
+            prefetch = max(prefetch, 1)
+        self.prefetch = prefetch
+        self.timeout = float(kwargs.get("timeout", 0) or 0)
+        self.generator = kwargs.get("generator")
+        self.other_storages: dict = {}
+        # (1) DGL's own seed batches, workers and per-rank split.
+        self.dataset = dglbatch.seed_dataset(
+            self.indices, batch_size, drop_last, use_ddp, ddp_seed,
+            shuffle, kwargs.get("persistent_workers", False))
+        self._batches = self._torch_loader(kwargs)
+        # (2) The cached feature, per node type.
+        self._sources = _sources(graph, features, feature_name)
+        if labels is None and len(graph.ntypes) == 1 \
+                and "label" in graph.ndata:
+            labels = graph.ndata["label"]
+        self.labels = labels
+        device_budget_bytes = self._device_budget(gpu_cache,
+                                                  device_budget_bytes)
+        if use_uva:
+            self._pin()
+        self.profile = profile
+        if profile is not None and self._homogeneous_cache() and \
+                profile.counts.numel() != graph.num_nodes():
             raise ValueError(
                 f"profile counts {profile.counts.numel()} rows, but the "
-                f"graph has {graph.num_nodes()} nodes"
-            )
-        self.profile = profile
-        if staging is None:
-            looks_ahead = (4 if window is None else window) > 0
-            staging = STAGING_SHARE if looks_ahead and hasattr(
-                source, "read_along") else 0.0
-        # (1) Plan the cache (profiling with the real sampler if asked).
-        self.plan = self._plan(cache, source, device_budget_bytes,
-                               host_budget_bytes, window, profile_batches,
-                               REUSE_LEVELS[reuse], staging)
-        # (2) Build it over the source.
-        counts = self._hotness()
-        self.cache: FeatureCache = build_cache(
-            source, self.plan, self.device, counts=counts,
-            degrees=graph.in_degrees() if self.plan.policy == "degree"
-            else None,
-            hop_counts=None if self.profile is None
-            else self.profile.hop_counts,
-        )
-        # (3) Batch reuse in front of the cache.
-        self.feature = self.cache
-        if self.plan.reuse_levels:
-            self.feature = BatchReuse(self.cache, self.plan.reuse_levels,
-                                      self.plan.reuse_rows)
-        self.window = self.plan.window if window is None else window
+                f"graph has {graph.num_nodes()} nodes")
+        self.plans: dict[str, CachePlan] = {}
+        self.caches: dict[str, FeatureCache] = {}
+        self.features: dict[str, Feature] = {}
+        total = sum(s.num_rows * s.row_bytes for s in self._sources.values())
+        for ntype, source in self._sources.items():
+            share = source.num_rows * source.row_bytes / max(total, 1)
+            self._build(ntype, source, cache,
+                        int(device_budget_bytes * share),
+                        int(host_budget_bytes * share), window,
+                        profile_batches, reuse, staging)
+        homogeneous = self._homogeneous_cache()
+        #: The plan, cache and feature path of the cached feature (of the
+        #: only node type; dicts by node type on heterographs).
+        self.plan = next(iter(self.plans.values()), None) if homogeneous \
+            else self.plans
+        self.cache = next(iter(self.caches.values()), None) \
+            if homogeneous else self.caches
+        self.feature = next(iter(self.features.values()), None) \
+            if homogeneous else self.features
+        windows = [p.window for p in self.plans.values()] or [0]
+        self.window = windows[0] if window is None else window
         #: Set to a list to record each batch's unique input ids (a trace
         #: for replaying policies, e.g. Belady's, on the same accesses).
         self.trace: list | None = None
         self.stats = LoaderStats(
-            cache=self.cache.stats, storage=getattr(source, "stats", None),
-            reuse=getattr(self.feature, "stats", None)
-            if self.plan.reuse_levels else None)
+            cache=self._by_type(lambda n: self.caches[n].stats),
+            storage=self._by_type(
+                lambda n: getattr(self._sources[n], "stats", None)),
+            reuse=self._by_type(
+                lambda n: getattr(self.features[n], "stats", None)
+                if self.features[n] is not self.caches[n] else None))
 
-    def _plan(self, cache, source, device_budget_bytes, host_budget_bytes,
-              window, profile_batches, reuse_levels, staging) -> CachePlan:
+    # -- construction ------------------------------------------------------
+
+    def _gpu_options(self, use_prefetch_thread, use_alternate_streams,
+                     pin_prefetcher) -> None:
+        cuda = self.device.type == "cuda"
+        for name, value in (("use_alternate_streams", use_alternate_streams),
+                            ("pin_prefetcher", pin_prefetcher)):
+            if value and not cuda:
+                raise ValueError(
+                    f"{name}=True needs a CUDA device; the loader's device "
+                    f"is {self.device}")
+        if self.use_uva and self.num_workers > 0:
+            raise ValueError("num_workers must be 0 if UVA sampling is "
+                             "enabled (as in DGL)")
+        self.use_prefetch_thread = bool(
+            cuda if use_prefetch_thread is None else use_prefetch_thread)
+        self.use_alternate_streams = bool(
+            cuda if use_alternate_streams is None else use_alternate_streams)
+        self.pin_prefetcher = bool(
+            cuda and not self.use_uva if pin_prefetcher is None
+            else pin_prefetcher)
+
+    def _torch_loader(self, kwargs: dict) -> torch.utils.data.DataLoader:
+        """DGL's sampling loader: its collate runs the sampler."""
+        from dgl.dataloading.dataloader import (
+            CollateWrapper,
+            WorkerInitWrapper,
+        )
+
+        kwargs = dict(kwargs)
+        for key in ("batch_size", "shuffle", "sampler", "batch_sampler",
+                    "collate_fn", "pin_memory", "drop_last"):
+            if key in kwargs:
+                raise TypeError(
+                    f"DataLoader got an unexpected keyword {key!r}: DGL's "
+                    f"loader sets it itself")
+        if self.num_workers > 0:
+            self.graph.create_formats_()
+        self.worker_init_fn = WorkerInitWrapper(
+            kwargs.pop("worker_init_fn", None))
+        return torch.utils.data.DataLoader(
+            self.dataset, batch_size=None, worker_init_fn=self.worker_init_fn,
+            collate_fn=CollateWrapper(self.graph_sampler.sample, self.graph,
+                                      self.use_uva, self.device),
+            **kwargs)
+
+    def _device_budget(self, gpu_cache, budget: int) -> int:
+        if not gpu_cache:
+            return budget
+        if self.device.type != "cuda":
+            raise ValueError(f"gpu_cache needs a CUDA device; the loader's "
+                             f"device is {self.device}")
+        extra = set(gpu_cache) - {"node"}
+        names = set(gpu_cache.get("node", {}))
+        if extra or names - {self.feature_name}:
+            raise ValueError(
+                f"gpu_cache {gpu_cache!r}: hmgraph caches one node feature "
+                f"({self.feature_name!r}); give {{'node': "
+                f"{{{self.feature_name!r}: rows}}}}")
+        rows = int(gpu_cache["node"].get(self.feature_name, 0))
+        row_bytes = max((s.row_bytes for s in self._sources.values()),
+                        default=0)
+        return max(budget, rows * row_bytes)
+
+    def _pin(self) -> None:
+        """UVA: the graph and in-memory rows in pinned host memory."""
+        self.graph.create_formats_()
+        self.graph.pin_memory_()
+        for ntype, source in self._sources.items():
+            if isinstance(source, TensorFeature) and \
+                    source.device.type == "cpu":
+                self._sources[ntype] = TensorFeature(
+                    source.rows.pin_memory())
+
+    def _homogeneous_cache(self) -> bool:
+        return len(self.graph.ntypes) == 1
+
+    def _by_type(self, get):
+        """``get(ntype)`` of the only type, or a dict on heterographs."""
+        values = {n: get(n) for n in self._sources}
+        values = {n: v for n, v in values.items() if v is not None}
+        if self._homogeneous_cache():
+            return next(iter(values.values()), None)
+        return values or None
+
+    def _build(self, ntype, source, cache, device_budget_bytes,
+               host_budget_bytes, window, profile_batches, reuse,
+               staging) -> None:
+        levels = REUSE_LEVELS[reuse]
+        if staging is None:
+            looks_ahead = (4 if window is None else window) > 0
+            staging = STAGING_SHARE if looks_ahead and hasattr(
+                source, "read_along") else 0.0
+        policy = cache.policy if isinstance(cache, CachePlan) else \
+            "none" if cache is None else cache
+        if (policy in _PROFILED or levels) and \
+                not self._homogeneous_cache():
+            raise ValueError(
+                f"cache {policy!r} (or reuse) profiles a homogeneous graph; "
+                f"on heterographs use 'lru', 'clock', 'degree' or None")
+        if policy in _PROFILED or levels:
+            self._profile(profile_batches)
         if isinstance(cache, CachePlan):
             if cache.num_rows != source.num_rows:
                 raise ValueError(
                     f"plan is for {cache.num_rows} rows, features have "
-                    f"{source.num_rows}"
-                )
-            if cache.policy in _PROFILED:
-                self._profile(profile_batches)
-            return cache
-        policy = "none" if cache is None else cache
-        if policy in _PROFILED or reuse_levels:
-            self._profile(profile_batches)
-        return make_plan(
-            policy, source.num_rows, source.row_bytes, device_budget_bytes,
-            host_budget_bytes, counts=self._hotness(),
-            trace=() if self.profile is None else self.profile.trace,
-            window=4 if window is None else window,
-            reuse_levels=reuse_levels, staging=staging,
-        )
+                    f"{source.num_rows}")
+            plan = cache
+        else:
+            plan = make_plan(
+                policy, source.num_rows, source.row_bytes,
+                device_budget_bytes, host_budget_bytes,
+                counts=self._hotness(),
+                trace=() if self.profile is None else self.profile.trace,
+                window=4 if window is None else window,
+                reuse_levels=levels, staging=staging)
+        degrees = None
+        if plan.policy == "degree":
+            degrees = sum((self.graph.in_degrees(etype=e) for e in
+                           self.graph.canonical_etypes if e[2] == ntype),
+                          torch.zeros(source.num_rows, dtype=torch.int64))
+        built = build_cache(
+            source, plan, self.device, counts=self._hotness(),
+            degrees=degrees,
+            hop_counts=None if self.profile is None
+            else self.profile.hop_counts)
+        self.plans[ntype] = plan
+        self.caches[ntype] = built
+        self.features[ntype] = BatchReuse(
+            built, plan.reuse_levels, plan.reuse_rows) \
+            if plan.reuse_levels else built
 
     def _hotness(self) -> torch.Tensor | None:
         """Profiled score per row for static placement."""
@@ -330,53 +499,101 @@ class DataLoader:
         return self.profile.counts
 
     def _profile(self, profile_batches: int) -> None:
+        import dgl
+
         from hmgraph.samplers.presample import presample
 
         if self.profile is not None:  # given, or already taken
             return
+        if not torch.is_tensor(self.indices):
+            raise ValueError("profiled cache policies need a tensor of "
+                             "indices, not a dict")
         start = time.perf_counter()
         self.profile = presample(
             self.graph, self.graph_sampler, self.indices, self.batch_size,
-            profile_batches, seed=self.seed + 7919, shuffle=self.shuffle,
-        )
+            profile_batches, seed=(self.seed or 0) + 7919,
+            shuffle=self.shuffle)
+        # Profiling seeded DGL's generator; hand it back to the user's
+        # seeds (NumPy's global generator, which DGL's shuffle follows).
+        dgl.seed(int(np.random.randint(0, 2**31 - 1)))
         log.info("profiled %d batches in %.1f s", self.profile.num_batches,
                  time.perf_counter() - start)
 
+    # -- DGL's loader API --------------------------------------------------
+
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose shuffle the next iteration uses."""
+        """Draw the next pass's order from a generator seeded
+        ``seed + epoch`` (``ddp_seed`` where no ``seed`` was given)."""
+        if self.seed is None:
+            self.seed = self.ddp_seed
         self.epoch = epoch
 
+    def attach_data(self, name: str, data) -> None:
+        """Add a data other than node and edge features for prefetching
+        (a `dgl.frame.LazyFeature` of ``name`` in a batch), as DGL."""
+        from dgl.storages import wrap_storage
+
+        self.other_storages[name] = wrap_storage(data)
+
+    @contextlib.contextmanager
+    def enable_cpu_affinity(self, loader_cores=None, compute_cores=None,
+                            verbose: bool = True):
+        """Pin worker processes and training threads to separate cores.
+
+        As DGL's: CPU devices only, needs ``num_workers > 0``; by default
+        the workers take the first cores of NUMA node 0 and training the
+        rest; affinity and DGL's thread count are restored on exit.
+        """
+        from hmgraph.affinity import cpu_affinity
+
+        with cpu_affinity(self, loader_cores, compute_cores, verbose):
+            yield
+
     def __len__(self) -> int:
-        n = self.indices.numel()
-        if self.drop_last:
-            return n // self.batch_size
-        return (n + self.batch_size - 1) // self.batch_size
+        return len(self.dataset)
+
+    # -- iteration ---------------------------------------------------------
+
+    def _order(self) -> None:
+        """Choose this pass's order of the seeds (in DGL's dataset)."""
+        ordered = hasattr(self.graph_sampler, "order_seeds")
+        if not (self.shuffle or ordered):
+            return
+        if not ordered and self.seed is None and self.generator is None:
+            self.dataset.shuffle()  # DGL: np.random.shuffle, in place
+            return
+        seeds = dglbatch.local_seeds(self.dataset)
+        if self.seed is not None:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        else:
+            generator = self.generator
+        if ordered:
+            epoch_seed = (self.seed or 0) if not self.shuffle else int(
+                torch.randint(2**31 - 1, (), generator=generator))
+            order = self.graph_sampler.order_seeds(seeds.long(), epoch_seed)
+            where = torch.full((int(seeds.max()) + 1,), -1,
+                               dtype=torch.int64)
+            where[seeds.long()] = torch.arange(seeds.numel())
+            positions = where[order]
+        else:
+            positions = torch.randperm(seeds.numel(), generator=generator)
+        dglbatch.set_order(self.dataset, positions)
 
     def __iter__(self):
-        import dgl
-
-        # DGL's samplers draw from DGL's global generator: seed it too.
-        dgl.seed(self.seed + self.epoch)
-        order = self.indices
-        epoch_seed = self.seed + self.epoch
-        if hasattr(self.graph_sampler, "order_seeds"):
-            # Cluster samplers order seeds by cluster (clusters shuffled).
-            order = self.graph_sampler.order_seeds(
-                order, epoch_seed if self.shuffle else self.seed)
-        elif self.shuffle:
-            generator = torch.Generator().manual_seed(epoch_seed)
-            order = order[torch.randperm(order.numel(), generator=generator)]
-        sampled = sample_stage(self.graph, self.graph_sampler, order,
-                               self.batch_size, len(self))
+        self._order()
+        self.epoch += 1
+        batches = iter(self._batches)  # draws torch's base seed, as DGL
+        sampled = sample_stage(batches, self._find_reads, self.graph)
         threads = []
         if self.prefetch:
             sampled = Prefetcher("hmgraph-sample", sampled,
-                                 self.prefetch + self.window)
+                                 self.prefetch + self.window, self.timeout)
             threads.append(sampled)
-        ready = fetch_stage(sampled, self.feature, self.labels, self.window,
-                            self.device)
+        ready = fetch_stage(sampled, self._fetch, self.window, self.device,
+                            self.use_alternate_streams)
         if self.prefetch:
-            ready = Prefetcher("hmgraph-fetch", ready, self.prefetch)
+            ready = Prefetcher("hmgraph-fetch", ready, self.prefetch,
+                               self.timeout)
             threads.insert(0, ready)
         try:
             while True:
@@ -392,25 +609,214 @@ class DataLoader:
             if not self.prefetch:
                 ready.close()
 
-    def _finish(self, batch) -> MiniBatch:
-        sampled = batch.sampled
+    def _find_reads(self, batch) -> tuple[list, list]:
+        """Split a batch's lazy features: the cached feature's, the rest.
+
+        A block batch reads the cached feature for its first block's
+        inputs whether or not the sampler asked for it (``MiniBatch.x``).
+        """
+        lazy = dglbatch.find_lazy(batch)
+        cached = [r for r in lazy if r.kind == "node"
+                  and r.name == self.feature_name
+                  and r.type in self._sources]
+        taken = {id(r) for r in cached}
+        others = [r for r in lazy if id(r) not in taken]
+        blocks = _blocks(batch)
+        if blocks is not None:
+            first = dglbatch.graphs(batch).index(blocks[0])
+            asked = {(r.graph, r.frame) for r in cached}
+            for number, ntype in enumerate(blocks[0].srctypes):
+                if ntype not in self._sources or (first, number) in asked:
+                    continue
+                ids = blocks[0].srcnodes[ntype].data["_ID"].long()
+                cached.append(dglbatch.Lazy(first, "node", number,
+                                            self.feature_name,
+                                            self.feature_name, ntype, ids))
+        return cached, others
+
+    def _fetch(self, sampled, future: list) -> tuple:
+        """Rows of one batch: the cached feature's through the cache
+        (``future``: later batches' reads by type), the rest gathered."""
+        values = []
+        for read in sampled.reads:
+            ahead = [f[read.type] for f in future if read.type in f]
+            values.append(self.features[read.type].read(read.ids, ahead))
+        for lazy in sampled.others:
+            values.append(self._gather(lazy))
+        y = None
+        output = sampled.batch[1] if isinstance(sampled.batch, tuple) \
+            else None
+        if self.labels is not None and torch.is_tensor(output) and \
+                _blocks(sampled.batch) is not None:
+            y = self.labels[output.long()].to(self.device,
+                                              non_blocking=True)
+        return values, y
+
+    def _gather(self, lazy: dglbatch.Lazy) -> torch.Tensor:
+        """A lazy feature other than the cached one, as DGL gathers it."""
+        if lazy.kind == "node":
+            if lazy.name == "label" and self.labels is not None and \
+                    self._homogeneous_cache():
+                return self.labels[lazy.ids].to(self.device)
+            if lazy.name == self.feature_name and lazy.type in self._sources:
+                return self._sources[lazy.type].read(lazy.ids).to(
+                    self.device)
+            storage = self.graph.get_node_storage(lazy.name, lazy.type)
+        else:
+            storage = self.graph.get_edge_storage(lazy.name, lazy.type)
+        return storage.fetch(lazy.ids.to(self.graph.idtype), self.device,
+                             self.pin_prefetcher)
+
+    def _finish(self, ready):
+        sampled = ready.sampled
         self.stats.batches += 1
-        self.stats.rows_requested += int(sampled.input_nodes.numel())
+        self.stats.rows_requested += sum(r.ids.numel() for r in sampled.reads)
         self.stats.seconds["sample"] += sampled.sample_seconds
-        self.stats.seconds["fetch"] += batch.fetch_seconds
+        self.stats.seconds["fetch"] += ready.fetch_seconds
         if self.trace is not None:
-            self.trace.append(sampled.unique_inputs)
-        blocks = sampled.blocks
-        if self.device.type == "cpu":
-            blocks[0].srcdata["feat"] = batch.x
-            if batch.y is not None:
-                blocks[-1].dstdata["label"] = batch.y
-        return MiniBatch(sampled.input_nodes, sampled.output_nodes, blocks,
-                         batch.x, batch.y)
+            unique = sampled.unique_inputs
+            self.trace.append(next(iter(unique.values()))
+                              if len(unique) == 1 else unique)
+        batch = self._resolve_other(
+            dglbatch.to_device(sampled.batch, self.device))
+        found = dglbatch.graphs(batch)
+        blocks = _blocks(batch)
+        first = next(i for i, g in enumerate(found) if g is blocks[0]) \
+            if blocks is not None else None
+        x = {}
+        for number, (lazy, value) in enumerate(zip(
+                sampled.reads + sampled.others, ready.values, strict=True)):
+            if found[lazy.graph].device == self.device:
+                dglbatch.assign(batch, lazy, value)
+            if number < len(sampled.reads) and lazy.graph == first and \
+                    lazy.frame < len(blocks[0].srctypes):
+                x[lazy.type] = value
+        if ready.y is not None and blocks[-1].device == self.device:
+            blocks[-1].dstdata["label"] = ready.y
+        if not isinstance(batch, tuple):
+            return batch
+        if self._homogeneous_cache():
+            x = next(iter(x.values()), None)
+        return MiniBatch(batch, x if len(x) else None, ready.y) \
+            if isinstance(x, dict) else MiniBatch(batch, x, ready.y)
+
+    def _resolve_other(self, batch):
+        """Top-level `LazyFeature` items, from `attach_data` storages."""
+        from dgl.frame import LazyFeature
+        from dgl.utils import recursive_apply
+
+        def resolve(item):
+            if isinstance(item, LazyFeature):
+                return self.other_storages[item.name].fetch(
+                    item.id_, self.device, self.pin_prefetcher)
+            return item
+
+        if not self.other_storages:
+            return batch
+        return recursive_apply(batch, resolve)
 
     def close(self) -> None:
-        """Release the feature source (files, threads)."""
-        self.feature.close()
+        """Release the feature sources (files, threads)."""
+        for feature in self.features.values():
+            feature.close()
+
+
+def _blocks(batch) -> list | None:
+    """The list of blocks a block or edge-prediction batch ends with."""
+    if isinstance(batch, tuple) and batch and isinstance(batch[-1], list) \
+            and batch[-1] and all(getattr(b, "is_block", False)
+                                  for b in batch[-1]):
+        return batch[-1]
+    return None
+
+
+def _device(device, graph, use_uva: bool) -> torch.device:
+    """DGL's default device: the graph's, or CUDA's current with UVA."""
+    if use_uva:
+        if not torch.cuda.is_available():
+            raise ValueError("use_uva=True needs CUDA (the device reads "
+                             "pinned host memory); this machine has none")
+        if graph.device.type != "cpu":
+            raise ValueError("Graph must be on CPU if UVA sampling is "
+                             "enabled.")
+    if device is None:
+        device = torch.cuda.current_device() if use_uva else graph.device
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _as_indices(indices, graph, graph_sampler):
+    """Indices as tensors of the graph's id type, checked where the
+    sampler's meaning of them is known (node or edge ids)."""
+    if isinstance(indices, Mapping):
+        return {key: _as_index_tensor(value, graph, graph_sampler, key)
+                for key, value in indices.items()}
+    return _as_index_tensor(indices, graph, graph_sampler, None)
+
+
+def _as_index_tensor(values, graph, graph_sampler, key):
+    values = torch.as_tensor(np.asarray(values) if isinstance(
+        values, (list, tuple)) else values)
+    if values.numel() == 0:
+        values = values.to(graph.idtype)
+    if values.dtype not in (torch.int32, torch.int64):
+        raise TypeError(
+            f"indices must be integer ids, got {values.dtype}")
+    values = values.to(graph.idtype)
+    limit = _index_limit(graph, graph_sampler, key)
+    if limit is not None and values.numel():
+        low, high = int(values.min()), int(values.max())
+        if low < 0 or high >= limit[0]:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"{limit[1]} id {bad} out of range: the graph has "
+                f"{limit[0]} {limit[1]}s")
+    return values
+
+
+def _index_limit(graph, graph_sampler, key):
+    """``(count, "node"|"edge")`` the sampler's indices index, if known."""
+    from dgl.dataloading import BlockSampler, ShaDowKHopSampler
+    from dgl.dataloading.base import EdgePredictionSampler
+
+    if isinstance(graph_sampler, EdgePredictionSampler):
+        return graph.num_edges(key), "edge"
+    if isinstance(graph_sampler, (BlockSampler, ShaDowKHopSampler)) or \
+            hasattr(graph_sampler, "order_seeds"):
+        return graph.num_nodes(key), "node"
+    return None
+
+
+def _sources(graph, features, name: str) -> dict[str, Feature]:
+    """The cached feature's source per node type."""
+    if features is None:
+        found = {}
+        for ntype in graph.ntypes:
+            data = graph.nodes[ntype].data
+            if name in data:
+                found[ntype] = data[name]
+        features = found
+    elif not isinstance(features, Mapping):
+        if len(graph.ntypes) != 1:
+            raise ValueError(
+                f"features for a graph with node types {graph.ntypes}: "
+                f"give a dict by node type")
+        features = {graph.ntypes[0]: features}
+    sources = {}
+    for ntype, rows in features.items():
+        if ntype not in graph.ntypes:
+            raise ValueError(f"features for node type {ntype!r}; the "
+                             f"graph has {graph.ntypes}")
+        source = _as_feature(rows)
+        if source.num_rows != graph.num_nodes(ntype):
+            raise ValueError(
+                f"features have {source.num_rows} rows, but the graph has "
+                f"{graph.num_nodes(ntype)} nodes"
+                + ("" if len(graph.ntypes) == 1 else f" of type {ntype!r}"))
+        sources[ntype] = source
+    return sources
 
 
 def _as_feature(features) -> Feature:

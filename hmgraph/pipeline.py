@@ -2,10 +2,11 @@
 
 Each stage is a generator over typed batches:
 
-1. `sample_stage` draws seeds and calls the DGL sampler -> `SampledBatch`;
-2. `fetch_stage` reads input rows through the feature cache, telling it the
-   unique input ids of the batches already sampled ahead (its lookahead
-   window) -> `ReadyBatch` with rows and labels on the training device.
+1. `sample_stage` takes each batch from DGL's sampling loader (the sampler
+   runs there) and finds the features it needs -> `SampledBatch`;
+2. `fetch_stage` reads them, telling the feature cache the unique input
+   ids of the batches already sampled ahead (its lookahead window) ->
+   `ReadyBatch` with rows and labels on the training device.
 
 `Prefetcher` runs one stage in a background thread, at most ``depth``
 batches ahead. Errors in the thread surface in the consumer; a thread that
@@ -17,6 +18,7 @@ the thread, so nothing is left behind.
 from __future__ import annotations
 
 import collections
+import itertools
 import queue
 import threading
 import time
@@ -33,63 +35,107 @@ _POLL_SECONDS = 0.05
 
 @dataclass
 class SampledBatch:
-    """A batch after sampling (CPU tensors)."""
+    """A batch after sampling (CPU).
+
+    Attributes
+    ----------
+    index : int
+        Position in the epoch.
+    batch : object
+        What the sampler returned (tuple of ids and graphs, or a graph).
+    reads : list of hmgraph.dglbatch.Lazy
+        The cached feature's rows the batch needs.
+    others : list of hmgraph.dglbatch.Lazy
+        Other lazy features the sampler asked for.
+    unique_inputs : dict of str to torch.Tensor
+        Sorted unique ids of ``reads`` per node type (the lookahead).
+    sample_seconds : float
+        Time in the sampler.
+    """
 
     index: int
-    input_nodes: torch.Tensor
-    output_nodes: torch.Tensor
-    blocks: list
-    unique_inputs: torch.Tensor
+    batch: object
+    reads: list
+    others: list
+    unique_inputs: dict
     sample_seconds: float
 
 
 @dataclass
 class ReadyBatch:
-    """A batch with its rows and labels on the training device."""
+    """A batch with its rows read (on the training device)."""
 
     sampled: SampledBatch
-    x: torch.Tensor
+    values: list
     y: torch.Tensor | None
     fetch_seconds: float
 
 
-def sample_stage(graph, graph_sampler, order: torch.Tensor, batch_size: int,
-                 num_batches: int) -> Iterator[SampledBatch]:
-    """Sample the batches of one epoch, in order."""
-    for index in range(num_batches):
+def sample_stage(batches: Iterator, find_reads, graph
+                 ) -> Iterator[SampledBatch]:
+    """Sampled batches of one epoch, in order.
+
+    Parameters
+    ----------
+    batches : iterator
+        DGL's sampling loader: each ``next`` runs the sampler (here or in
+        a worker process).
+    find_reads : callable
+        ``batch -> (reads, others)``: its lazy features.
+    graph : dgl.DGLGraph
+        The parent graph (its storages return to graphs from workers).
+    """
+    from dgl.dataloading.dataloader import restore_parent_storage_columns
+    from dgl.utils import recursive_apply
+
+    for index in itertools.count():
         start = time.perf_counter()
-        seeds = order[index * batch_size:(index + 1) * batch_size]
-        input_nodes, output_nodes, blocks = graph_sampler.sample(graph, seeds)
-        yield SampledBatch(index, input_nodes, output_nodes, blocks,
-                           input_nodes.sort().values,
+        batch = next(batches, _END)
+        if batch is _END:
+            return
+        batch = recursive_apply(batch, restore_parent_storage_columns,
+                                graph)
+        reads, others = find_reads(batch)
+        unique = {}
+        for read in reads:
+            unique.setdefault(read.type, []).append(read.ids)
+        unique = {key: ids[0].sort().values if len(ids) == 1
+                  else torch.unique(torch.cat(ids))
+                  for key, ids in unique.items()}
+        yield SampledBatch(index, batch, reads, others, unique,
                            time.perf_counter() - start)
 
 
-def fetch_stage(sampled: Iterator[SampledBatch], cache, labels, window: int,
-                device: torch.device) -> Iterator[ReadyBatch]:
-    """Read each batch's rows, looking ``window`` sampled batches ahead."""
+def fetch_stage(sampled: Iterator[SampledBatch], fetch, window: int,
+                device: torch.device, side_stream: bool = True
+                ) -> Iterator[ReadyBatch]:
+    """Read each batch's rows, looking ``window`` sampled batches ahead.
+
+    ``fetch(batch, future)`` returns ``(values, labels)``; ``future`` holds
+    the later batches' ``unique_inputs``. On CUDA with ``side_stream`` the
+    copies run on a stream of their own, synchronized before the batch is
+    handed on.
+    """
     ahead: collections.deque[SampledBatch] = collections.deque()
-    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    stream = torch.cuda.Stream(device) if device.type == "cuda" \
+        and side_stream else None
     for batch in sampled:
         ahead.append(batch)
         if len(ahead) > window:
-            yield _fetch(ahead, cache, labels, device, stream)
+            yield _fetch(ahead, fetch, stream)
     while ahead:
-        yield _fetch(ahead, cache, labels, device, stream)
+        yield _fetch(ahead, fetch, stream)
 
 
-def _fetch(ahead, cache, labels, device, stream) -> ReadyBatch:
+def _fetch(ahead, fetch, stream) -> ReadyBatch:
     batch = ahead.popleft()
     future = [later.unique_inputs for later in ahead]
     start = time.perf_counter()
     with torch.cuda.stream(stream) if stream is not None else _nothing():
-        x = cache.read(batch.input_nodes, future)
-        y = None
-        if labels is not None:
-            y = labels[batch.output_nodes].to(device, non_blocking=True)
+        values, y = fetch(batch, future)
     if stream is not None:
         stream.synchronize()
-    return ReadyBatch(batch, x, y, time.perf_counter() - start)
+    return ReadyBatch(batch, values, y, time.perf_counter() - start)
 
 
 class _nothing:
@@ -119,10 +165,15 @@ class Prefetcher:
         What the thread consumes (e.g. a stage generator).
     depth : int
         Items buffered ahead (>= 1).
+    timeout : float
+        Seconds to wait for an item before raising (0: no limit), as
+        ``timeout`` of ``torch.utils.data.DataLoader``.
     """
 
-    def __init__(self, name: str, items: Iterator, depth: int):
+    def __init__(self, name: str, items: Iterator, depth: int,
+                 timeout: float = 0.0):
         self.name = name
+        self.timeout = timeout
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
         self._items = items
@@ -159,11 +210,17 @@ class Prefetcher:
     def __next__(self):
         if self._done:
             raise StopIteration
+        start = time.perf_counter()
         while True:
             try:
                 item = self._queue.get(timeout=_POLL_SECONDS)
                 break
             except queue.Empty:
+                waited = time.perf_counter() - start
+                if self.timeout and waited > self.timeout:
+                    raise RuntimeError(
+                        f"loader thread {self.name!r} gave no batch in "
+                        f"{self.timeout:g} s (timeout)") from None
                 if not self._thread.is_alive() and self._queue.empty():
                     self._done = True
                     raise RuntimeError(

@@ -601,7 +601,10 @@ def _train_run(config, dataset, loader, run, state, device, checkpoint_path,
 
 
 def _train_epoch(config, model, optimizer, loader, run, epoch) -> dict:
+    import dgl
+
     torch.manual_seed(config.seed + 1000 * run + epoch)
+    dgl.seed(config.seed + 1000 * run + epoch)  # the sampled neighbours
     loader.set_epoch(epoch + 1000 * run)
     loader.stats.reset()
     model.train()

@@ -107,7 +107,8 @@ def presample(graph, graph_sampler, seeds: torch.Tensor, batch_size: int,
         batches = progress(batches)
     for index in batches:
         batch = order[index * batch_size:(index + 1) * batch_size]
-        input_nodes, _, blocks = graph_sampler.sample(graph, batch)
+        result = graph_sampler.sample(graph, batch)
+        input_nodes, blocks = result[0].long(), result[-1]
         if hop_counts is None:
             hop_counts = torch.zeros((len(blocks) + 1, num_rows),
                                      dtype=torch.int64)

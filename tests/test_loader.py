@@ -65,9 +65,14 @@ def test_shuffle_is_seeded_per_epoch(tiny):
 
     loader.set_epoch(0)
     first = order()
+    second = order()  # the next pass is epoch 1, with no call needed
+    assert not torch.equal(first, second)
+    loader.set_epoch(0)
     assert torch.equal(first, order())
-    loader.set_epoch(1)
-    assert not torch.equal(first, order())
+    assert torch.equal(second, order())
+    again = DataLoader(tiny.graph, tiny.split["train"], sampler,
+                       batch_size=100, shuffle=True, seed=7)
+    assert torch.equal(first, torch.cat([b.output_nodes for b in again]))
 
 
 @pytest.mark.parametrize("drop_last,expected", [(False, 4), (True, 3)],
@@ -84,11 +89,12 @@ def test_len_and_drop_last(tiny, drop_last, expected):
 
 BAD = {
     "id-too-large": (dict(indices=torch.tensor([0, 10_000])),
-                     ValueError, "seed id 10000 out of range"),
+                     ValueError, "node id 10000 out of range: the graph "
+                     "has 10000 nodes"),
     "negative-id": (dict(indices=torch.tensor([-3, 1])),
-                    ValueError, "seed id -3 out of range"),
+                    ValueError, "node id -3 out of range"),
     "float-ids": (dict(indices=torch.tensor([0.5])),
-                  TypeError, "integer tensor"),
+                  TypeError, "indices must be integer ids, got torch.float32"),
     "zero-batch": (dict(batch_size=0), ValueError, "batch_size must be"),
     "short-features": (dict(features=torch.zeros(5, 3)), ValueError,
                        "features have 5 rows, but the graph has 10000"),

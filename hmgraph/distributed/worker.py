@@ -142,6 +142,7 @@ def run_trainer(job: dict, rank: int) -> None:
     epochs, best = [], None
     for epoch in range(job["epochs"]):
         loader.set_epoch(epoch)
+        dgl.seed(job["seed"] + rank + epoch)
         loader.stats.reset()  # resets features.stats too (the bottom tier)
         sampler.stats.reset()
         model.train()

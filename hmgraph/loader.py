@@ -396,6 +396,8 @@ class DataLoader:
                     f"loader sets it itself")
         if self.num_workers > 0:
             self.graph.create_formats_()
+        else:  # torch asserts it away without workers; hmgraph's threads
+            kwargs.pop("timeout", None)  # honour it (self.timeout)
         self.worker_init_fn = WorkerInitWrapper(
             kwargs.pop("worker_init_fn", None))
         return torch.utils.data.DataLoader(

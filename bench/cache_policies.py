@@ -567,6 +567,7 @@ def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
         direct = bool(getattr(loader.cache.source, "direct", False))
         disk = getattr(loader.cache.source, "disk", None)
         # (2) Train one epoch, recording the trace.
+        dgl.seed(SEED)  # every configuration samples the same batches
         loader.stats.reset()
         loader.trace = []
         model.train()

@@ -495,6 +495,7 @@ def run_config(dataset, seeds, args, order: str, config: str, reuse: str,
         warm_storage = storage.as_dict() if storage is not None else None
         direct = bool(getattr(loader.cache.source, "direct", False))
         # (2) Train one epoch.
+        dgl.seed(SEED)  # every configuration samples the same batches
         loader.stats.reset()
         model.train()
         train_seconds = loss_sum = 0.0

@@ -133,7 +133,7 @@ def test_generator_draws_the_order(graph):
     state = np.random.get_state()[1].copy()
     a, b, c = order(1), order(1), order(2)
     assert np.array_equal(state, np.random.get_state()[1])  # untouched
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not torch.equal(a[0], a[1])
     assert not torch.equal(a[0], c[0])
 

@@ -1,0 +1,138 @@
+"""What `hmgraph.DataLoader` is given: indices, device, feature rows.
+
+Checked and normalised as DGL 2.1's loader takes them (its default
+device, any index container), with one-line errors for what cannot be
+used: ids out of range for the sampler's meaning of them, features whose
+row count does not match the graph.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hmgraph.cache.feature import Feature, TensorFeature
+
+__all__ = ["ArrayFeature", "as_feature", "as_indices", "feature_sources",
+           "loader_device"]
+
+
+def loader_device(device, graph, use_uva: bool) -> torch.device:
+    """DGL's default device: the graph's, or CUDA's current with UVA."""
+    if use_uva:
+        if not torch.cuda.is_available():
+            raise ValueError("use_uva=True needs CUDA (the device reads "
+                             "pinned host memory); this machine has none")
+        if graph.device.type != "cpu":
+            raise ValueError("Graph must be on CPU if UVA sampling is "
+                             "enabled.")
+    if device is None:
+        device = torch.cuda.current_device() if use_uva else graph.device
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def as_indices(indices, graph, graph_sampler):
+    """Indices as tensors of the graph's id type, checked where the
+    sampler's meaning of them is known (node or edge ids)."""
+    if isinstance(indices, Mapping):
+        return {key: _index_tensor(value, graph, graph_sampler, key)
+                for key, value in indices.items()}
+    return _index_tensor(indices, graph, graph_sampler, None)
+
+
+def _index_tensor(values, graph, graph_sampler, key):
+    values = torch.as_tensor(np.asarray(values) if isinstance(
+        values, (list, tuple)) else values)
+    if values.numel() == 0:
+        values = values.to(graph.idtype)
+    if values.dtype not in (torch.int32, torch.int64):
+        raise TypeError(
+            f"indices must be integer ids, got {values.dtype}")
+    values = values.to(graph.idtype)
+    limit = _index_limit(graph, graph_sampler, key)
+    if limit is not None and values.numel():
+        low, high = int(values.min()), int(values.max())
+        if low < 0 or high >= limit[0]:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"{limit[1]} id {bad} out of range: the graph has "
+                f"{limit[0]} {limit[1]}s")
+    return values
+
+
+def _index_limit(graph, graph_sampler, key):
+    """``(count, "node"|"edge")`` the sampler's indices index, if known."""
+    from dgl.dataloading import BlockSampler, ShaDowKHopSampler
+    from dgl.dataloading.base import EdgePredictionSampler
+
+    if isinstance(graph_sampler, EdgePredictionSampler):
+        return graph.num_edges(key), "edge"
+    if isinstance(graph_sampler, (BlockSampler, ShaDowKHopSampler)) or \
+            hasattr(graph_sampler, "order_seeds"):
+        return graph.num_nodes(key), "node"
+    return None
+
+
+def feature_sources(graph, features, name: str) -> dict[str, Feature]:
+    """The cached feature's source per node type."""
+    if features is None:
+        found = {}
+        for ntype in graph.ntypes:
+            data = graph.nodes[ntype].data
+            if name in data:
+                found[ntype] = data[name]
+        features = found
+    elif not isinstance(features, Mapping):
+        if len(graph.ntypes) != 1:
+            raise ValueError(
+                f"features for a graph with node types {graph.ntypes}: "
+                f"give a dict by node type")
+        features = {graph.ntypes[0]: features}
+    sources = {}
+    for ntype, rows in features.items():
+        if ntype not in graph.ntypes:
+            raise ValueError(f"features for node type {ntype!r}; the "
+                             f"graph has {graph.ntypes}")
+        source = as_feature(rows)
+        if source.num_rows != graph.num_nodes(ntype):
+            raise ValueError(
+                f"features have {source.num_rows} rows, but the graph has "
+                f"{graph.num_nodes(ntype)} nodes"
+                + ("" if len(graph.ntypes) == 1 else f" of type {ntype!r}"))
+        sources[ntype] = source
+    return sources
+
+
+def as_feature(features) -> Feature:
+    """The feature source: in memory, a Feature, or a feature file."""
+    if isinstance(features, Feature):
+        return features
+    if isinstance(features, (str, os.PathLike)):
+        from hmgraph.cache.storage import StorageFeature
+
+        return StorageFeature(Path(features))
+    if isinstance(features, np.ndarray):
+        return ArrayFeature(features)
+    return TensorFeature(features)
+
+
+class ArrayFeature(Feature):
+    """Rows of a NumPy array or memmap, gathered on read (CPU)."""
+
+    def __init__(self, rows: np.ndarray):
+        from hmgraph.cache.feature import torch_dtype
+
+        self.rows = rows
+        self.num_rows = rows.shape[0]
+        self.row_shape = tuple(rows.shape[1:])
+        self.dtype = torch_dtype(rows.dtype)
+
+    def _read(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(self.rows[ids.numpy()]))

@@ -349,12 +349,14 @@ class DataLoader:
         #: for replaying policies, e.g. Belady's, on the same accesses).
         self.trace: list | None = None
         self.stats = LoaderStats(
-            cache=self._by_type(lambda n: self.caches[n].stats),
+            cache=self._by_type(lambda n: self.caches[n].stats
+                                if self.features[n] is not self._sources[n]
+                                else None),
             storage=self._by_type(
                 lambda n: getattr(self._sources[n], "stats", None)),
             reuse=self._by_type(
-                lambda n: getattr(self.features[n], "stats", None)
-                if self.features[n] is not self.caches[n] else None))
+                lambda n: self.features[n].stats
+                if isinstance(self.features[n], BatchReuse) else None))
 
     # -- construction ------------------------------------------------------
 
@@ -486,9 +488,14 @@ class DataLoader:
             else self.profile.hop_counts)
         self.plans[ntype] = plan
         self.caches[ntype] = built
-        self.features[ntype] = BatchReuse(
-            built, plan.reuse_levels, plan.reuse_rows) \
-            if plan.reuse_levels else built
+        if cache is None and not plan.staging_rows:
+            # Caching off: rows straight from the source, as DGL gathers.
+            self.features[ntype] = source
+        elif plan.reuse_levels:
+            self.features[ntype] = BatchReuse(built, plan.reuse_levels,
+                                              plan.reuse_rows)
+        else:
+            self.features[ntype] = built
 
     def _hotness(self) -> torch.Tensor | None:
         """Profiled score per row for static placement."""
@@ -640,7 +647,13 @@ class DataLoader:
         values = []
         for read in sampled.reads:
             ahead = [f[read.type] for f in future if read.type in f]
-            values.append(self.features[read.type].read(read.ids, ahead))
+            feature = self.features[read.type]
+            if feature is self._sources[read.type]:  # caching off
+                rows = feature.read(read.ids).to(
+                    self.device, non_blocking=self.pin_prefetcher)
+            else:
+                rows = feature.read(read.ids, ahead)
+            values.append(rows)
         for lazy in sampled.others:
             values.append(self._gather(lazy))
         y = None

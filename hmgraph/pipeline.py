@@ -18,6 +18,7 @@ the thread, so nothing is left behind.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import queue
 import threading
@@ -47,8 +48,6 @@ class SampledBatch:
         The cached feature's rows the batch needs.
     others : list of hmgraph.dglbatch.Lazy
         Other lazy features the sampler asked for.
-    unique_inputs : dict of str to torch.Tensor
-        Sorted unique ids of ``reads`` per node type (the lookahead).
     sample_seconds : float
         Time in the sampler.
     """
@@ -57,8 +56,18 @@ class SampledBatch:
     batch: object
     reads: list
     others: list
-    unique_inputs: dict
     sample_seconds: float
+
+    @functools.cached_property
+    def unique_inputs(self) -> dict:
+        """Sorted unique ids of `reads` per node type (the lookahead);
+        computed when first asked."""
+        ids = {}
+        for read in self.reads:
+            ids.setdefault(read.type, []).append(read.ids)
+        return {key: parts[0].sort().values if len(parts) == 1
+                else torch.unique(torch.cat(parts))
+                for key, parts in ids.items()}
 
 
 @dataclass
@@ -96,13 +105,7 @@ def sample_stage(batches: Iterator, find_reads, graph
         batch = recursive_apply(batch, restore_parent_storage_columns,
                                 graph)
         reads, others = find_reads(batch)
-        unique = {}
-        for read in reads:
-            unique.setdefault(read.type, []).append(read.ids)
-        unique = {key: ids[0].sort().values if len(ids) == 1
-                  else torch.unique(torch.cat(ids))
-                  for key, ids in unique.items()}
-        yield SampledBatch(index, batch, reads, others, unique,
+        yield SampledBatch(index, batch, reads, others,
                            time.perf_counter() - start)
 
 

@@ -52,6 +52,9 @@ def _index_tensor(values, graph, graph_sampler, key):
         values, (list, tuple)) else values)
     if values.numel() == 0:
         values = values.to(graph.idtype)
+    if values.dim() != 1:
+        raise ValueError(f"indices must be 1-D, got shape "
+                         f"{tuple(values.shape)}")
     if values.dtype not in (torch.int32, torch.int64):
         raise TypeError(
             f"indices must be integer ids, got {values.dtype}")

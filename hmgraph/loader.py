@@ -270,8 +270,10 @@ class DataLoader:
                  profile_batches: int = 32, reuse: str = "none",
                  placement: str = "frequency",
                  staging: float | None = None, profile=None, **kwargs):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if isinstance(batch_size, bool) or not isinstance(
+                batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(
+                f"batch_size must be an integer >= 1, got {batch_size!r}")
         if prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {prefetch}")
         if placement not in ("frequency", "layer-aware"):

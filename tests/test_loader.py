@@ -96,6 +96,10 @@ BAD = {
     "float-ids": (dict(indices=torch.tensor([0.5])),
                   TypeError, "indices must be integer ids, got torch.float32"),
     "zero-batch": (dict(batch_size=0), ValueError, "batch_size must be"),
+    "fractional-batch": (dict(batch_size=2.5), ValueError,
+                         "batch_size must be an integer >= 1, got 2.5"),
+    "2-d-ids": (dict(indices=torch.zeros(3, 2, dtype=torch.int64)),
+                ValueError, r"indices must be 1-D, got shape \(3, 2\)"),
     "short-features": (dict(features=torch.zeros(5, 3)), ValueError,
                        "features have 5 rows, but the graph has 10000"),
 }

@@ -551,6 +551,7 @@ def evaluate(config, dataset, model, loader, device, mode: str) -> dict:
                 device=device, seed=config.seed, prefetch=config.prefetch,
             )
             parts = []
+            dgl.seed(config.seed)  # the same sampled neighbours every time
             with torch.no_grad():
                 for batch in split_loader:
                     parts.append(model(batch.blocks, batch.x).cpu())

@@ -29,6 +29,7 @@ and are dropped when no batch in the window needs them any more.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -177,6 +178,7 @@ class FeatureCache(Feature):
         self.dtype = source.dtype
         self.device = torch.device(device)
         self.stats = CacheStats()
+        self._lock = threading.Lock()
         self.staging = None
         if staging_rows and hasattr(source, "read_along"):
             self.staging = SlotStore(
@@ -185,6 +187,7 @@ class FeatureCache(Feature):
                 pin=self.device.type == "cuda")
             # Per row, batches until its next use in the window (or 0).
             self._marks = torch.zeros(self.num_rows, dtype=torch.int8)
+            self._marked = None  # ids marked by the last window
         for layer in self.layers:
             self._warm(layer)
 
@@ -214,14 +217,18 @@ class FeatureCache(Feature):
         return self._read(check_ids(ids, self.num_rows), future)
 
     def _read(self, ids, future=()) -> torch.Tensor:
+        with self._lock:  # one read at a time: iterators may overlap
+            return self._read_locked(ids, future)
+
+    def _read_locked(self, ids, future) -> torch.Tensor:
         start = time.perf_counter()
         unique, out, where, inverse = _request(ids, self)
         pending = torch.arange(unique.numel())  # positions not yet served
-        admissions = []
-        # (1) Each layer serves its hits and decides its admissions.
+        asked_per_layer, hits = [], {}
+        # (1) Each layer serves what its stores hold. Nothing is decided
+        # or counted yet: a failed source read must leave no trace.
         for layer in self.layers:
             asked = unique[pending]
-            step = layer.policy.step(asked, future)
             served = torch.zeros(asked.numel(), dtype=torch.bool)
             for store in layer.stores:
                 slots = store.slots(asked)
@@ -229,11 +236,10 @@ class FeatureCache(Feature):
                 if found.any():
                     out[where(pending[found])] = store.gather(
                         slots[found]).to(self.device)
-                    self._count_hits(store.name, int(found.sum()))
+                    _add(hits, store.name, int(found.sum()))
                     served |= found
-            assert torch.equal(served, step.hit), "stores and policy differ"
+            asked_per_layer.append((layer, asked, served))
             pending = pending[~served]
-            admissions.append((layer, step))
         # (2) Rows staged by earlier reads, then the source.
         if self.staging is not None and pending.numel():
             slots = self.staging.slots(unique[pending])
@@ -241,7 +247,7 @@ class FeatureCache(Feature):
             if found.any():
                 out[where(pending[found])] = self.staging.gather(
                     slots[found]).to(self.device)
-                self._count_hits("staged", int(found.sum()))
+                _add(hits, "staged", int(found.sum()))
                 pending = pending[~found]
         missed = unique[pending]
         along = None
@@ -250,7 +256,7 @@ class FeatureCache(Feature):
             self._unstage()
         if missed.numel():
             if self.staging is not None and future and self.staging.num_free:
-                candidates = self._candidates(unique)
+                candidates = self._candidates(unique, future)
                 rows, *along = self.source.read_along(
                     missed, candidates, limit=self.staging.num_free,
                     rank=self._marks[candidates])
@@ -258,14 +264,23 @@ class FeatureCache(Feature):
                 rows = self.source.read(missed)
             out[where(pending)] = rows.to(self.device)
             del rows
-            _add(self.stats.bytes, "storage->host",
-                 self.row_bytes * missed.numel())
-        self._count_hits("source", missed.numel())
-        # (3) Apply evictions, then admissions (rows are all in `out`).
-        for layer, step in admissions:
+        # (3) The read succeeded: the policies decide, evictions then
+        # admissions are applied (rows are all in `out`), counters move.
+        for layer, asked, served in asked_per_layer:
+            step = layer.policy.step(asked, future)
+            if not torch.equal(served, step.hit):
+                raise RuntimeError(
+                    f"cache corrupt: the {layer.policy.name} policy and "
+                    f"its stores disagree on {int((served != step.hit).sum())}"
+                    f" rows")
             self._apply(layer, step, unique, out, where)
         if along is not None and along[0].numel():
             self._stage(*along)
+        for tier, rows in hits.items():
+            self._count_hits(tier, rows)
+        self._count_hits("source", missed.numel())
+        _add(self.stats.bytes, "storage->host",
+             self.row_bytes * missed.numel())
         self.stats.requests += 1
         self.stats.rows_requested += unique.numel()
         self.stats.seconds += time.perf_counter() - start
@@ -273,21 +288,23 @@ class FeatureCache(Feature):
 
     def _mark_window(self, future) -> None:
         """Per row: batches until its first use in the window (1: the next
-        batch), else 0."""
+        batch), else 0. Work proportional to the window, not the graph."""
         marks = self._marks
-        marks.zero_()
+        if self._marked is not None:
+            marks[self._marked] = 0
         for distance in range(len(future), 0, -1):
             marks[future[distance - 1]] = min(distance, 127)
+        self._marked = torch.cat(list(future)) if future else None
 
-    def _candidates(self, unique: torch.Tensor) -> torch.Tensor:
+    def _candidates(self, unique: torch.Tensor, future) -> torch.Tensor:
         """Sorted ids the window needs that are not cached, not staged and
         not in this batch: worth bringing along."""
-        wanted = self._marks > 0
-        wanted[unique] = False
+        wanted = torch.unique(torch.cat(list(future)))
+        keep = ~torch.isin(wanted, unique, assume_unique=True)
         for layer in self.layers:
-            wanted &= ~layer.policy.resident
-        wanted &= self.staging.slot_of < 0
-        return wanted.nonzero().squeeze(1)
+            keep &= ~layer.policy.resident[wanted]
+        keep &= self.staging.slot_of[wanted] < 0
+        return wanted[keep]
 
     def _unstage(self) -> None:
         """Drop staged rows the window no longer needs or a tier holds."""

@@ -97,11 +97,17 @@ class Policy(ABC):
         self.num_rows = num_rows
         self.capacity = capacity
         self.resident = torch.zeros(num_rows, dtype=torch.bool)
+        self._size = 0
 
     @property
     def size(self) -> int:
-        """Rows held now."""
-        return int(self.resident.sum())
+        """Rows held now (counted as steps apply, not by a scan)."""
+        return self._size
+
+    def _hold(self, ids: torch.Tensor) -> None:
+        """Mark ``ids`` (not yet held) resident, e.g. when warming."""
+        self.resident[ids] = True
+        self._size = int(self.resident.sum())
 
     def warm(self) -> torch.Tensor:
         """Ids to load before the first batch, most valuable first."""
@@ -122,7 +128,10 @@ class Policy(ABC):
         step = self._step(ids, hit, future)
         self.resident[step.evict] = False
         self.resident[step.admit] = True
-        assert self.size <= self.capacity, (self.name, self.size)
+        self._size += step.admit.numel() - step.evict.numel()
+        if self._size > self.capacity:
+            raise RuntimeError(f"{self.name} holds {self._size} rows, over "
+                               f"its capacity {self.capacity}")
         return step
 
     @abstractmethod
@@ -157,7 +166,7 @@ class _StaticPolicy(Policy):
 
     def warm(self) -> torch.Tensor:
         """The held rows, highest score first."""
-        self.resident[self._contents] = True
+        self._hold(self._contents)
         return self._contents
 
     def _step(self, ids, hit, future) -> Step:
@@ -345,7 +354,7 @@ class HMGraphPolicy(Policy):
 
     def warm(self) -> torch.Tensor:
         """The static rows, hottest first."""
-        self.resident[self._static_order] = True
+        self._hold(self._static_order)
         return self._static_order
 
     def _keys(self, ids: torch.Tensor) -> torch.Tensor:
@@ -418,7 +427,7 @@ class BeladyPolicy(HMGraphPolicy):
         order = torch.argsort(self._first_use[used], stable=True)
         ids = used[order[: self.capacity]]
         self.next_use[ids] = self._first_use[ids]
-        self.resident[ids] = True
+        self._hold(ids)
         return ids
 
     def _step(self, ids, hit, future) -> Step:

@@ -222,7 +222,9 @@ class DataLoader:
         Labels by node id; default ``graph.ndata["label"]`` if present.
     seed : int, optional
         Draw epoch ``e``'s order from a generator seeded ``seed + e``
-        (repeatable; ``e`` advances each pass, `set_epoch` sets it).
+        (``e`` advances each pass, `set_epoch` sets it); with
+        ``prefetch=0`` DGL's generator is seeded ``seed + e`` too, so the
+        sampled blocks repeat (with ``OMP_NUM_THREADS=1``).
     cache : str, CachePlan or None
         ``None`` switches caching off; a policy name (``hmgraph``,
         ``presample``, ``degree``, ``lru``, ``clock``, ``none``) is
@@ -588,11 +590,26 @@ class DataLoader:
             positions = torch.randperm(seeds.numel(), generator=generator)
         dglbatch.set_order(self.dataset, positions)
 
+    def _sample_seed(self) -> int | None:
+        """Seed of DGL's generators for this pass: ``seed + epoch`` when
+        ``seed`` is given and the training thread samples.
+
+        DGL 2.1 seeds each thread's generator with the seed plus a hash of
+        the thread's id, so only the training thread's sampling repeats
+        from run to run; a sampling thread (``prefetch > 0``) or worker
+        process draws differently each run (its order still repeats).
+        """
+        if self.seed is None or self.prefetch or self.num_workers:
+            return None
+        return self.seed + self.epoch
+
     def __iter__(self):
         self._order()
+        sample_seed = self._sample_seed()
         self.epoch += 1
         batches = iter(self._batches)  # draws torch's base seed, as DGL
-        sampled = sample_stage(batches, self._find_reads, self.graph)
+        sampled = sample_stage(batches, self._find_reads, self.graph,
+                               sample_seed)
         threads = []
         if self.prefetch:
             sampled = Prefetcher("hmgraph-sample", sampled,

@@ -80,8 +80,8 @@ class ReadyBatch:
     fetch_seconds: float
 
 
-def sample_stage(batches: Iterator, find_reads, graph
-                 ) -> Iterator[SampledBatch]:
+def sample_stage(batches: Iterator, find_reads, graph,
+                 seed: int | None = None) -> Iterator[SampledBatch]:
     """Sampled batches of one epoch, in order.
 
     Parameters
@@ -93,9 +93,16 @@ def sample_stage(batches: Iterator, find_reads, graph
         ``batch -> (reads, others)``: its lazy features.
     graph : dgl.DGLGraph
         The parent graph (its storages return to graphs from workers).
+    seed : int, optional
+        Seed DGL's generators (of the thread that runs this stage) before
+        the first batch.
     """
+    import dgl
     from dgl.dataloading.dataloader import restore_parent_storage_columns
     from dgl.utils import recursive_apply
+
+    if seed is not None:
+        dgl.seed(seed)
 
     for index in itertools.count():
         start = time.perf_counter()
@@ -138,6 +145,12 @@ def _fetch(ahead, fetch, stream) -> ReadyBatch:
         values, y = fetch(batch, future)
     if stream is not None:
         stream.synchronize()
+        # Made on the side stream, used on the default one: tell the
+        # allocator, or it may reuse the memory while kernels read it.
+        consumer = torch.cuda.default_stream(stream.device)
+        for tensor in [*values, y]:
+            if tensor is not None and tensor.is_cuda:
+                tensor.record_stream(consumer)
     return ReadyBatch(batch, values, y, time.perf_counter() - start)
 
 

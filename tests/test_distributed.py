@@ -137,3 +137,85 @@ def test_bad_launch_settings_are_one_line(parts, capsys, tmp_path):
                  str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "is not a partition folder written by `hmgraph partition`" in err
+
+
+def _listening(pid: int) -> list[str]:
+    """Local addresses of the TCP sockets ``pid`` listens on."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        with open(table) as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                    found.append(fields[1])
+    return found
+
+
+def _loopback(address: str) -> bool:
+    host = address.split(":")[0]
+    if len(host) == 8:  # IPv4, little-endian hex: 127.x.x.x
+        return host.endswith("7F")
+    return host == "0" * 24 + "01000000"  # ::1
+
+
+def test_every_listening_socket_is_on_loopback(parts, tmp_path):
+    launcher, pids = _start_and_wait_for_a_batch(parts, tmp_path, 0)
+    try:
+        addresses = {label: _listening(pid) for label, pid in pids.items()
+                     if _alive(pid)}
+        assert any(addresses.values())  # DGL's servers listen
+        wide = {label: a for label, a in addresses.items()
+                if not all(_loopback(x) for x in a)}
+        assert not wide, wide
+    finally:
+        launcher.send_signal(signal.SIGINT)
+        _finish(launcher)
+
+
+def _leftovers(launcher_pid: int) -> list[str]:
+    import glob
+    import tempfile
+
+    return (glob.glob(f"/dev/shm/hmg{launcher_pid}m*")
+            + glob.glob(os.path.join(tempfile.gettempdir(),
+                                     f"hmgraph-dist-{launcher_pid}-*")))
+
+
+def test_sigterm_cleans_up_as_ctrl_c(parts, tmp_path):
+    launcher, pids = _start_and_wait_for_a_batch(parts, tmp_path, 0)
+    assert _leftovers(launcher.pid)  # its work folder exists meanwhile
+    launcher.send_signal(signal.SIGTERM)
+    _finish(launcher)
+    assert launcher.returncode == 130
+    assert not any(_alive(pid) for pid in pids.values())
+    assert _leftovers(launcher.pid) == []
+
+
+def test_the_next_launch_removes_what_a_killed_launcher_left(parts,
+                                                              tmp_path):
+    from hmgraph.distributed.launcher import remove_leftovers
+
+    launcher, pids = _start_and_wait_for_a_batch(parts, tmp_path, 0)
+    launcher.kill()
+    launcher.communicate(timeout=60)
+    deadline = time.monotonic() + 60  # workers notice their parent left
+    while any(_alive(p) for p in pids.values()) and \
+            time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in pids.values())
+    left = _leftovers(launcher.pid)
+    assert left  # SIGKILL ran no cleanup
+    removed = remove_leftovers()
+    assert set(left) <= set(removed)
+    assert _leftovers(launcher.pid) == []

@@ -12,8 +12,12 @@ cluster: every part gets its own "machine" line in DGL's ip_config (all on
   `LaunchError` naming the dead one;
 * on Ctrl-C or when ``timeout`` seconds pass, it stops them all too.
 
-Stopping is SIGTERM, then SIGKILL after a grace period. Workers also exit
-on their own when the launcher disappears.
+Stopping is SIGTERM, then SIGKILL after a grace period; a SIGTERM to the
+launcher stops the job as Ctrl-C does. Workers also exit on their own when
+the launcher disappears, and the next launch removes the shared memory and
+work folders of launchers that were killed (`remove_leftovers`). Nothing
+listens beyond the loopback: the trainers meet through a file, gloo binds
+to ``lo`` and DGL's servers to 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from pathlib import Path
 
 from hmgraph.partition import read_partition_info
 
-__all__ = ["LaunchError", "free_port", "launch"]
+__all__ = ["LaunchError", "free_port", "launch", "remove_leftovers"]
 
 
 class LaunchError(RuntimeError):
@@ -122,8 +126,9 @@ def launch(parts_dir: str | os.PathLike, trainers: int, settings: dict, *,
         )
     with open(info["config"]) as f:
         config = json.load(f)
-    owned = tempfile.TemporaryDirectory(prefix="hmgraph-dist-") \
-        if workdir is None else None
+    remove_leftovers()
+    owned = tempfile.TemporaryDirectory(
+        prefix=f"{_WORK_PREFIX}{os.getpid()}-") if workdir is None else None
     work = Path(workdir or owned.name)
     work.mkdir(parents=True, exist_ok=True)
     ip_config = work / "ip_config.txt"
@@ -138,15 +143,20 @@ def launch(parts_dir: str | os.PathLike, trainers: int, settings: dict, *,
         "trainers": trainers,
         "node_map": config["node_map"]["_N"],
         "num_classes": info["dataset"]["num_classes"],
-        "master_port": free_port(),
+        # Rendezvous through a file: no listening socket beyond DGL's
+        # servers (on 127.0.0.1) and gloo's pairs (on the loopback).
+        "store": str(work / "rendezvous"),
         "launcher_pid": os.getpid(),
         "result": str(work / "result.json"),
     }
     job_path = work / "job.json"
     job_path.write_text(json.dumps(job, indent=2))
     env = dict(os.environ, OMP_NUM_THREADS=str(settings.get("threads", 1)))
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     command = [sys.executable, "-m", "hmgraph.distributed.worker"]
     servers, workers = [], []
+    # SIGTERM stops the job as Ctrl-C does: processes, memory, folders.
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         for rank in range(num_parts):
             popen = subprocess.Popen(
@@ -161,11 +171,19 @@ def launch(parts_dir: str | os.PathLike, trainers: int, settings: dict, *,
         _watch(servers, workers, timeout, log)
         result = json.loads(Path(job["result"]).read_text())
     finally:
+        signal.signal(signal.SIGTERM, previous)
         _stop(servers + workers)
         _remove_shared_memory(f"hmg{os.getpid()}m")
         if owned is not None:
             owned.cleanup()
     return result
+
+
+_WORK_PREFIX = "hmgraph-dist-"
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
 
 def _remove_shared_memory(prefix: str) -> None:
@@ -174,6 +192,46 @@ def _remove_shared_memory(prefix: str) -> None:
     if shm.is_dir():
         for path in shm.glob(prefix + "*"):
             path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_leftovers() -> list[str]:
+    """Remove what launchers that died (SIGKILL) left behind.
+
+    Shared-memory segments ``/dev/shm/hmg<pid>m*`` and work folders
+    ``<tmp>/hmgraph-dist-<pid>-*`` carry their launcher's pid; those of
+    pids no longer running are removed. Called by every launch.
+
+    Returns
+    -------
+    list of str
+        The paths removed.
+    """
+    import re
+    import shutil
+
+    removed = []
+    shm = Path("/dev/shm")
+    for path in shm.glob("hmg*m*") if shm.is_dir() else []:
+        found = re.match(r"hmg(\d+)m", path.name)
+        if found and not _alive(int(found.group(1))):
+            path.unlink(missing_ok=True)
+            removed.append(str(path))
+    for path in Path(tempfile.gettempdir()).glob(_WORK_PREFIX + "*"):
+        found = re.match(re.escape(_WORK_PREFIX) + r"(\d+)-", path.name)
+        if found and not _alive(int(found.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return removed
 
 
 def _watch(servers, workers, timeout, log) -> None:

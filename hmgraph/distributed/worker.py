@@ -89,7 +89,7 @@ def run_trainer(job: dict, rank: int) -> None:
     dgl.distributed.initialize(job["ip_config"])
     dist.init_process_group(
         "nccl" if job["device"].startswith("cuda") else "gloo",
-        init_method=f"tcp://127.0.0.1:{job['master_port']}",
+        init_method=f"file://{job['store']}",
         rank=rank, world_size=world,
     )
     device = torch.device(job["device"])

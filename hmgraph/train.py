@@ -286,7 +286,7 @@ def _prepare(config, dataset):
     if layout == "file":
         if tag is not None:
             first, _ = cluster_permutation(clusters)
-            dataset = permuted(dataset, first, tag)
+            dataset = permuted(dataset, first, tag, config.verify)
             clusters = clusters[first]
         record = {"name": layout, "seconds": time.perf_counter() - start,
                   "reused": bool(dataset.info.get("reused", False)),
@@ -321,7 +321,7 @@ def _prepare(config, dataset):
         _hotness(config, profile), clusters if tag is not None else None)
     perm = hot if first is None else first[hot]
     dataset = permuted(dataset, perm, "hot-first" if tag is None
-                       else f"{tag}-hot-first")
+                       else f"{tag}-hot-first", config.verify)
     if clusters is not None:
         clusters = clusters[hot]
     record = {"name": layout, "seconds": time.perf_counter() - start,

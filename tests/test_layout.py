@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import dgl
@@ -230,3 +231,48 @@ def test_hot_first_training_profiles_once(tiny, tmp_path, monkeypatch):
             profile=presample_module.Profile(
                 torch.zeros(3, dtype=torch.int64),
                 torch.zeros((2, 3), dtype=torch.int64), []))
+
+
+def test_derived_file_corrupt_missing_or_stale(tiny, tmp_path):
+    """The rewritten file carries what it was derived from and its own
+    checksum: corrupt rows are refused in one line, a missing file or a
+    changed source is rebuilt."""
+    import shutil
+
+    from hmgraph.cache.format import FeatureFileError, read_manifest
+    from hmgraph.datasets.renumbered import DERIVED_RECORD
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for path in tiny.feature_path.parent.glob(tiny.feature_path.name + "*"):
+        shutil.copy(path, folder / path.name)
+    source = dataclasses.replace(tiny, feature_path=folder /
+                                 tiny.feature_path.name)
+    perm = torch.randperm(tiny.num_nodes,
+                          generator=torch.Generator().manual_seed(0))
+    first = permuted(source, perm, "t")
+    target = first.feature_path
+    assert (target.parent / DERIVED_RECORD).is_file()
+    assert permuted(source, perm, "t").info["reused"]
+    # 16 KiB of NaN in the rows: refused, in one line.
+    offset = read_manifest(target).data_offset
+    with open(target, "r+b") as f:
+        f.seek(offset + 4096)
+        f.write(np.full(4096, np.nan, dtype=np.float32).tobytes())
+    with pytest.raises(FeatureFileError, match="fails its checksum") as info:
+        permuted(source, perm, "t")
+    assert "\n" not in str(info.value)
+    # Without verification it is trusted, as the source file is.
+    assert permuted(source, perm, "t", verify=False).info["reused"]
+    # Deleted while its record stays: rebuilt, rows exact again.
+    target.unlink()
+    again = permuted(source, perm, "t")
+    assert not again.info["reused"]
+    _, rows = open_feature_file(again.feature_path, verify=True)
+    _, old = open_feature_file(source.feature_path)
+    assert np.array_equal(np.asarray(rows), np.asarray(old)[perm.numpy()])
+    # The source changed (another checksum): the derived file is stale.
+    record = json.loads((target.parent / DERIVED_RECORD).read_text())
+    record["source_checksum"] = "crc32:00000000"
+    (target.parent / DERIVED_RECORD).write_text(json.dumps(record))
+    assert not permuted(source, perm, "t").info["reused"]

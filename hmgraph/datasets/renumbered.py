@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from hmgraph.cache.format import atomic_path
+from hmgraph.cache.format import (
+    atomic_path,
+    read_manifest,
+    verify_feature_file,
+)
 from hmgraph.datasets.base import FEATURE_FILE, NodeDataset
 from hmgraph.samplers.renumber import (
     cluster_permutation,
@@ -42,13 +48,16 @@ def renumbered(dataset: NodeDataset, clusters: torch.Tensor,
     return permuted(dataset, perm, tag)
 
 
-def permuted(dataset: NodeDataset, perm: torch.Tensor,
-             tag: str) -> NodeDataset:
+def permuted(dataset: NodeDataset, perm: torch.Tensor, tag: str,
+             verify: bool = True) -> NodeDataset:
     """``dataset`` with node ``perm[new]`` renamed ``new``.
 
     The graph, labels, split and feature file are in the new ids; the
     rewritten feature file is cached beside the one it is read from, under
-    ``renumbered-<tag>/``, and reused while its permutation matches. The
+    ``renumbered-<tag>/``, with a record (``derived.json``) of what it was
+    derived from (the source file's checksum, the permutation's hash) and
+    its own checksum: reused while all match, rebuilt when missing or
+    stale, refused in one line when its rows fail the checksum. The
     returned dataset's ``info`` holds ``perm`` (new -> original id) and
     ``inverse`` (original -> new), ``folder`` and ``reused`` (True when
     the rewritten file was already there); `to_original` maps per-node
@@ -68,6 +77,9 @@ def permuted(dataset: NodeDataset, perm: torch.Tensor,
         = old``.
     tag : str
         Names the cache folder (e.g. ``"hot-first"``).
+    verify : bool
+        Recompute the reused file's checksum (reads it whole), as
+        `hmgraph.datasets.load` does for the file it was derived from.
 
     Returns
     -------
@@ -87,23 +99,29 @@ def permuted(dataset: NodeDataset, perm: torch.Tensor,
     base = dataset.info.get("perm")
     total = perm if base is None else base[perm]
     # (2) The feature file, rewritten from the dataset's own file unless
-    # the cached one is in this order already (perm.npy written last).
+    # the cached one was derived from this very source and order, and is
+    # whole (its record, written last, names all three).
     folder = Path(dataset.feature_path).parent / f"renumbered-{tag}"
     perm_path = folder / "perm.npy"
+    record_path = folder / DERIVED_RECORD
     target = folder / FEATURE_FILE
-    if perm_path.is_file() and not np.array_equal(np.load(perm_path),
-                                                  total.numpy()):
-        log.info("%s holds another permutation; rewriting it", folder)
-        perm_path.unlink()
-        target.unlink(missing_ok=True)
-    reused = perm_path.is_file()
+    identity = {"source": str(Path(dataset.feature_path).name),
+                "source_checksum": read_manifest(
+                    dataset.feature_path).checksum,
+                "perm_sha256": hashlib.sha256(
+                    total.numpy().tobytes()).hexdigest()}
+    reused = _derived(record_path, target, identity, verify)
     if not reused:
         folder.mkdir(parents=True, exist_ok=True)
-        target.unlink(missing_ok=True)
+        for stale in (record_path, perm_path, target):
+            stale.unlink(missing_ok=True)
         renumber_feature_file(dataset.feature_path, target, perm)
-        with atomic_path(perm_path) as tmp:  # written last: the marker
+        with atomic_path(perm_path) as tmp:
             with open(tmp, "wb") as f:
                 np.save(f, total.numpy())
+        record = dict(identity, checksum=read_manifest(target).checksum)
+        with atomic_path(record_path) as tmp:  # written last: the marker
+            tmp.write_text(json.dumps(record, indent=1))
     # (3) Graph, labels and split in the new ids.
     graph = renumber_graph(dataset.graph, perm, inverse)
     split = {k: inverse[v] for k, v in dataset.split.items()}
@@ -113,6 +131,33 @@ def permuted(dataset: NodeDataset, perm: torch.Tensor,
         dataset, graph=graph, labels=dataset.labels[perm], split=split,
         feature_path=target, info=info,
     )
+
+
+DERIVED_RECORD = "derived.json"
+
+
+def _derived(record_path: Path, target: Path, identity: dict,
+             verify: bool) -> bool:
+    """Whether ``target`` is whole and derived as ``identity`` says.
+
+    Raises
+    ------
+    FeatureFileError
+        The file matches its record but its rows fail the checksum.
+    """
+    try:
+        record = json.loads(record_path.read_text())
+        manifest = read_manifest(target)
+    except (OSError, ValueError):
+        return False  # missing, half-written or foreign: rebuild
+    if any(record.get(k) != v for k, v in identity.items()) or \
+            record.get("checksum") != manifest.checksum:
+        log.info("%s was derived from another source or order; "
+                 "rewriting it", target.parent)
+        return False
+    if verify:
+        verify_feature_file(target)
+    return True
 
 
 def to_original(dataset: NodeDataset, values: torch.Tensor) -> torch.Tensor:

@@ -145,6 +145,7 @@ class atomic_path:
 
     def __enter__(self) -> Path:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_dead_temporaries(self.path)
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -162,6 +163,16 @@ class atomic_path:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def _remove_dead_temporaries(path: Path) -> None:
+    """Delete ``.<name>.tmp-<pid>`` files of writers that were killed."""
+    import psutil
+
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            stale.unlink(missing_ok=True)
 
 
 class FeatureFileWriter:

@@ -138,3 +138,6 @@ def test_killed_writer_leaves_no_trusted_file(tmp_path):
     assert len(leftovers) == 1 and leftovers[0].startswith(".feat.bin.tmp")
     with pytest.raises(FeatureFileError, match="does not exist"):
         read_manifest(path)
+    # The next writer of that file removes the dead writer's temporary.
+    write_feature_file(path, np.ones((3, 4), "f4"))
+    assert [p.name for p in tmp_path.iterdir()] == ["feat.bin"]

@@ -373,3 +373,13 @@ def test_papers100m_missing_raw_files_are_named(tmp_path):
     with pytest.raises(datasets.DatasetError,
                        match=r"expected .*ogbn_papers100M/raw/data\.npz"):
         datasets.load("ogbn-papers100M", tmp_path, features_on="disk")
+
+
+def test_build_folders_of_killed_runs_are_removed(data_root):
+    """Even when the dataset is complete, a killed build's folder goes."""
+    from hmgraph.datasets.synthetic import folder_name, make_synthetic
+
+    stale = data_root / f".{folder_name('synth-tiny')}-99999999-x1"
+    (stale / "build").mkdir(parents=True)
+    make_synthetic("synth-tiny", data_root)
+    assert not stale.exists()

@@ -721,4 +721,12 @@ def _load_checkpoint(path: Path, config: TrainConfig):
                 f"{getattr(config, key)!r}; use the same setting or "
                 f"another --out"
             )
+    done = len(state["record"]["epochs"]) if state.get("record") else 0
+    done = max([done] + [len(r["epochs"]) for r in state["completed"]])
+    if done > config.epochs or len(state["completed"]) > config.runs:
+        raise CheckpointError(
+            f"checkpoint {path} already holds {done} epoch(s) and "
+            f"{len(state['completed'])} finished run(s), more than --epochs "
+            f"{config.epochs} --runs {config.runs}: raise them or use "
+            f"another --out")
     return state

@@ -59,6 +59,10 @@ def test_resume_continues(tiny, tmp_path):
     # Resuming a finished job trains nothing more.
     again = train(config(tmp_path, epochs=3, resume=True), dataset=tiny)
     assert again["runs"] == resumed["runs"]
+    # Fewer epochs than the checkpoint holds: refused, not misreported.
+    with pytest.raises(CheckpointError, match=r"already holds 3 epoch\(s\) "
+                       r"and 0 finished run\(s\), more than --epochs 2"):
+        train(config(tmp_path, epochs=2, resume=True), dataset=tiny)
 
 
 def test_resume_refuses_other_settings(tiny, tmp_path):

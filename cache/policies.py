@@ -28,6 +28,7 @@ Policies, by registry name:
 
 from __future__ import annotations
 
+import collections
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -234,7 +235,12 @@ def layer_aware_score(hop_counts: torch.Tensor) -> torch.Tensor:
 
 
 class LRUPolicy(Policy):
-    """Least recently used out; every miss is admitted."""
+    """Least recently used out; every miss is admitted.
+
+    Rows are kept in groups by the batch that last used them, oldest
+    first, so finding victims costs in proportion to the rows evicted and
+    the batch, never to the graph or the cache.
+    """
 
     name = "lru"
 
@@ -242,19 +248,53 @@ class LRUPolicy(Policy):
         super().__init__(num_rows, capacity)
         self.last_use = torch.zeros(num_rows, dtype=torch.int64)
         self.clock = 0
+        self._groups: collections.deque = collections.deque()
+        self._grouped = 0  # ids held in groups (alive or stale)
 
     def _step(self, ids, hit, future) -> Step:
         self.clock += 1
         self.last_use[ids] = self.clock
         miss = ids[~hit]
         admit = miss[: self.capacity]
+        self._group(ids[hit])  # before choosing: the batch's hits go last
         overflow = self.size + admit.numel() - self.capacity
-        evict = _EMPTY
-        if overflow > 0:
-            held = self.resident.nonzero().squeeze(1)
-            age = self.last_use[held]
-            evict = held[torch.topk(age, overflow, largest=False).indices]
+        evict = self._oldest(overflow) if overflow > 0 else _EMPTY
+        self._group(admit)  # held from now on
+        if self._grouped > 4 * self.capacity + ids.numel():
+            self._compact()
         return Step(hit, evict, admit)
+
+    def _group(self, ids: torch.Tensor) -> None:
+        if ids.numel():
+            self._groups.append((self.clock, ids))
+            self._grouped += ids.numel()
+
+    def _alive(self, clock: int, ids: torch.Tensor) -> torch.Tensor:
+        """Those of ``ids`` still held and last used at ``clock``."""
+        return ids[self.resident[ids] & (self.last_use[ids] == clock)]
+
+    def _oldest(self, count: int) -> torch.Tensor:
+        """The ``count`` held rows used least recently (ties: any)."""
+        taken = []
+        while count > 0:
+            clock, ids = self._groups.popleft()
+            self._grouped -= ids.numel()
+            alive = self._alive(clock, ids)
+            take = alive[:count]
+            taken.append(take)
+            count -= take.numel()
+            if take.numel() < alive.numel():
+                rest = alive[take.numel():]
+                self._groups.appendleft((clock, rest))
+                self._grouped += rest.numel()
+        return torch.cat(taken)
+
+    def _compact(self) -> None:
+        """Drop group entries of rows evicted or used again since."""
+        groups = [(c, self._alive(c, ids)) for c, ids in self._groups]
+        self._groups = collections.deque(
+            (c, ids) for c, ids in groups if ids.numel())
+        self._grouped = sum(ids.numel() for _, ids in self._groups)
 
 
 class ClockPolicy(Policy):
@@ -351,6 +391,7 @@ class HMGraphPolicy(Policy):
         self.cold_rank = torch.empty(num_rows, dtype=torch.int64)
         self.cold_rank[order] = torch.arange(num_rows)
         self.next_use = torch.full((num_rows,), _NEVER, dtype=torch.int64)
+        self._held = _EMPTY  # ids in the dynamic region
 
     def warm(self) -> torch.Tensor:
         """The static rows, hottest first."""
@@ -376,8 +417,9 @@ class HMGraphPolicy(Policy):
     def _choose(self, ids, hit) -> Step:
         dynamic_capacity = self.capacity - self.static_rows
         miss = ids[~hit]
-        held = (self.resident & ~self.static).nonzero().squeeze(1)
+        held = self._held  # the dynamic region: no scan of the graph
         if held.numel() + miss.numel() <= dynamic_capacity:
+            self._held = torch.cat([held, miss])
             return Step(hit, _EMPTY, miss)
         candidates = torch.cat([held, miss])
         keys = self._keys(candidates)
@@ -385,6 +427,7 @@ class HMGraphPolicy(Policy):
         keep[torch.topk(keys, dynamic_capacity, largest=False).indices] = True
         evict = held[~keep[: held.numel()]]
         admit = miss[keep[held.numel():]]
+        self._held = candidates[keep]
         return Step(hit, evict, admit)
 
 
@@ -428,6 +471,7 @@ class BeladyPolicy(HMGraphPolicy):
         ids = used[order[: self.capacity]]
         self.next_use[ids] = self._first_use[ids]
         self._hold(ids)
+        self._held = ids  # no static rows: all of it is dynamic
         return ids
 
     def _step(self, ids, hit, future) -> Step:

@@ -1,0 +1,55 @@
+"""Cache policies keep their rules with bookkeeping that never scans the
+graph: LRU evicts exactly the least recently used rows, sizes are counted.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hmgraph.cache.policies import make_policy
+
+
+def random_trace(num_rows, batches, seed):
+    generator = torch.Generator().manual_seed(seed)
+    trace = []
+    for _ in range(batches):
+        size = int(torch.randint(1, num_rows // 2, (), generator=generator))
+        ids = torch.randperm(num_rows, generator=generator)[:size]
+        trace.append(ids.sort().values)
+    return trace
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("capacity", [1, 7, 30, 64])
+def test_lru_evicts_exactly_the_least_recently_used(seed, capacity):
+    num_rows = 64
+    policy = make_policy("lru", num_rows, capacity)
+    for ids in random_trace(num_rows, 40, seed):
+        before = policy.resident.clone()
+        step = policy.step(ids)
+        assert torch.equal(step.hit, before[ids])
+        assert before[step.evict].all()  # only held rows are evicted
+        miss = ids[~step.hit]
+        assert torch.equal(step.admit, miss[:capacity])
+        kept = policy.resident & before  # held before and after
+        if step.evict.numel() and kept.any():
+            # Every evicted row was used no later than every kept one.
+            assert policy.last_use[step.evict].max() <= \
+                policy.last_use[kept].min()
+        assert policy.size == int(policy.resident.sum()) <= capacity
+
+
+@pytest.mark.parametrize("name", ["lru", "clock", "hmgraph", "degree"])
+def test_size_is_counted_not_scanned(name):
+    num_rows = 200
+    context = {"hotness": torch.rand(num_rows),
+               "degrees": torch.randint(0, 9, (num_rows,)),
+               "static_rows": 10}
+    policy = make_policy(name, num_rows, 50, **context)
+    policy.warm()
+    assert policy.size == int(policy.resident.sum())
+    trace = random_trace(num_rows, 30, 1)
+    for index, ids in enumerate(trace):
+        policy.step(ids, trace[index + 1:index + 4])
+        assert policy.size == int(policy.resident.sum())

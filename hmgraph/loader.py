@@ -222,9 +222,10 @@ class DataLoader:
         Labels by node id; default ``graph.ndata["label"]`` if present.
     seed : int, optional
         Draw epoch ``e``'s order from a generator seeded ``seed + e``
-        (``e`` advances each pass, `set_epoch` sets it); with
-        ``prefetch=0`` DGL's generator is seeded ``seed + e`` too, so the
-        sampled blocks repeat (with ``OMP_NUM_THREADS=1``).
+        (``e`` advances each pass, `set_epoch` sets it) and sample in a
+        thread whose DGL generator is seeded ``seed + e``: the blocks
+        repeat at any ``prefetch`` (with ``OMP_NUM_THREADS=1``; DGL draws
+        per OpenMP thread).
     cache : str, CachePlan or None
         ``None`` switches caching off; a policy name (``hmgraph``,
         ``presample``, ``degree``, ``lru``, ``clock``, ``none``) is
@@ -591,15 +592,15 @@ class DataLoader:
         dglbatch.set_order(self.dataset, positions)
 
     def _sample_seed(self) -> int | None:
-        """Seed of DGL's generators for this pass: ``seed + epoch`` when
-        ``seed`` is given and the training thread samples.
+        """Seed of DGL's generators in the sampling thread: ``seed +
+        epoch`` when ``seed`` is given (and no worker processes sample).
 
-        DGL 2.1 seeds each thread's generator with the seed plus a hash of
-        the thread's id, so only the training thread's sampling repeats
-        from run to run; a sampling thread (``prefetch > 0``) or worker
-        process draws differently each run (its order still repeats).
+        DGL 2.1 seeds a thread's generator with the seed plus the thread's
+        number (threads are numbered as they first draw), so with ``seed``
+        every pass samples in a sampling thread of its own, seeded first:
+        the blocks then repeat at any ``prefetch``, 0 included.
         """
-        if self.seed is None or self.prefetch or self.num_workers:
+        if self.seed is None or self.num_workers:
             return None
         return self.seed + self.epoch
 
@@ -611,9 +612,10 @@ class DataLoader:
         sampled = sample_stage(batches, self._find_reads, self.graph,
                                sample_seed)
         threads = []
-        if self.prefetch:
+        if self.prefetch or sample_seed is not None:
             sampled = Prefetcher("hmgraph-sample", sampled,
-                                 self.prefetch + self.window, self.timeout)
+                                 max(1, self.prefetch + self.window),
+                                 self.timeout)
             threads.append(sampled)
         ready = fetch_stage(sampled, self._fetch, self.window, self.device,
                             self.use_alternate_streams)
@@ -634,6 +636,7 @@ class DataLoader:
                 thread.close()
             if not self.prefetch:
                 ready.close()
+                sampled.close()
 
     def _find_reads(self, batch) -> tuple[list, list]:
         """Split a batch's lazy features: the cached feature's, the rest.

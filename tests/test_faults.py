@@ -218,10 +218,9 @@ print(order.hexdigest(), inputs.hexdigest())
 """
 
 
-def test_seeded_runs_repeat():
-    """With ``seed``: the order repeats at any prefetch depth; sampled
-    blocks repeat where the training thread samples (DGL 2.1 seeds other
-    threads' generators by their thread ids)."""
+def test_seeded_runs_repeat_at_any_prefetch_depth():
+    """With ``seed``: the order and the sampled blocks repeat, run after
+    run and at any prefetch depth."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     runs = {}
     for prefetch in (0, 0, 2, 2):
@@ -230,8 +229,7 @@ def test_seeded_runs_repeat():
             env=env, capture_output=True, text=True, timeout=300)
         check(run.returncode == 0, run.stderr[-2000:])
         runs.setdefault(prefetch, []).append(run.stdout.split())
-    check(runs[0][0] == runs[0][1])  # order and blocks repeat
-    check(runs[2][0][0] == runs[2][1][0] == runs[0][0][0])  # the order
+    check(runs[0][0] == runs[0][1] == runs[2][0] == runs[2][1])
 
 
 @pytest.mark.skipif(not __debug__, reason="already running under -O")

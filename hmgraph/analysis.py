@@ -538,7 +538,7 @@ def run(args) -> dict:
     from hmgraph.cache.format import atomic_path
     from hmgraph.plots import plot_analysis
     from hmgraph.samplers.presample import presample
-    from hmgraph.train import TrainConfig, _make_sampler
+    from hmgraph.train import TrainConfig, make_sampler
 
     budgets = tuple(args.budgets)
     data = datasets.load(args.dataset, args.root, verify=not args.no_verify,
@@ -547,7 +547,7 @@ def run(args) -> dict:
                          batch_size=args.batch_size, sampler=args.sampler,
                          clusters=args.clusters, locality=args.locality,
                          renumber=False)
-    data, sampler = _make_sampler(config, data)
+    data, sampler = make_sampler(config, data)
     seeds = data.split["train"]
     total = -(-seeds.numel() // args.batch_size)
     batches = min(args.batches or total, total)

@@ -401,7 +401,7 @@ def add_parser(commands):
 
     Returns the new parser; `command` runs it.
     """
-    from hmgraph.cli import _fraction, _non_negative_int, _positive_int
+    from hmgraph.args import fraction, non_negative_int, positive_int
     from hmgraph.models.pooling import POOLING_MODELS
 
     parser = commands.add_parser(
@@ -419,19 +419,19 @@ def add_parser(commands):
                         help="folder holding the datasets")
     parser.add_argument("--model", default="hap",
                         choices=sorted(POOLING_MODELS))
-    parser.add_argument("--folds", type=_positive_int, default=10)
-    parser.add_argument("--max-folds", type=_non_negative_int, default=0,
+    parser.add_argument("--folds", type=positive_int, default=10)
+    parser.add_argument("--max-folds", type=non_negative_int, default=0,
                         help="run only the first N folds (default: all)")
-    parser.add_argument("--epochs", type=_positive_int, default=100)
-    parser.add_argument("--patience", type=_positive_int, default=20)
-    parser.add_argument("--batch-size", type=_positive_int, default=128)
-    parser.add_argument("--hidden", type=_positive_int, default=64)
-    parser.add_argument("--levels", type=_positive_int, default=3,
+    parser.add_argument("--epochs", type=positive_int, default=100)
+    parser.add_argument("--patience", type=positive_int, default=20)
+    parser.add_argument("--batch-size", type=positive_int, default=128)
+    parser.add_argument("--hidden", type=positive_int, default=64)
+    parser.add_argument("--levels", type=positive_int, default=3,
                         help="readout levels (GIN: layers)")
     parser.add_argument("--ratio", type=float, default=None,
                         help="pooling ratio in (0, 1] (default: the "
                         "model's)")
-    parser.add_argument("--dropout", type=_fraction, default=0.5)
+    parser.add_argument("--dropout", type=fraction, default=0.5)
     parser.add_argument("--lr", type=float, default=0.001)
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)

@@ -10,6 +10,18 @@ import argparse
 import logging
 import sys
 
+from hmgraph.args import (
+    add_workload_arguments,
+    fraction,
+    non_negative_int,
+    parse_budget_shares,
+    parse_fanouts,
+    positive_int,
+    unit_interval,
+)
+
+# parse_fanouts stays importable from here for bench/common.py; its home
+# is hmgraph.args.
 __all__ = ["main", "parse_fanouts"]
 
 
@@ -22,54 +34,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def parse_fanouts(text: str) -> list[int]:
-    """Parse ``"15,10,5"`` into ``[15, 10, 5]``.
-
-    Each fanout is a positive integer, or -1 for all neighbours.
-
-    Raises
-    ------
-    argparse.ArgumentTypeError
-        Naming the bad value.
-    """
-    fanouts = []
-    for part in text.split(","):
-        try:
-            value = int(part)
-        except ValueError:
-            value = 0
-        if value == 0 or value < -1 or part.strip() != part:
-            raise argparse.ArgumentTypeError(
-                f"invalid fanouts {text!r}: {part!r} is not a positive "
-                f"integer or -1 (all neighbours); example: 15,10,5"
-            )
-        fanouts.append(value)
-    return fanouts
-
-
-def _number(kind, low, high, closed_high: bool, what: str):
-    """An argparse type: ``kind`` in ``[low, high]`` (or ``[low, high)``)."""
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or value < low or (
-                high is not None and (value > high or (
-                    value == high and not closed_high))):
-            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
-        return value
-
-    return parse
-
-
-_positive_int = _number(int, 1, None, True, "a positive integer")
-_non_negative_int = _number(int, 0, None, True, "a non-negative integer")
-_unit_interval = _number(float, 0.0, 1.0, True, "a number in [0, 1]")
-_fraction = _number(float, 0.0, 1.0, False, "a number in [0, 1)")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -98,22 +62,22 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--fanouts", type=parse_fanouts, default=[15, 10, 5],
                        help="neighbours per layer, e.g. 15,10,5; "
                        "the count sets the number of layers")
-    train.add_argument("--batch-size", type=_positive_int, default=1024)
-    train.add_argument("--hidden", type=_positive_int, default=256)
-    train.add_argument("--layers", type=_positive_int, default=None,
+    train.add_argument("--batch-size", type=positive_int, default=1024)
+    train.add_argument("--hidden", type=positive_int, default=256)
+    train.add_argument("--layers", type=positive_int, default=None,
                        help="number of layers; must match the fanouts "
                        "(a single fanout is repeated)")
-    train.add_argument("--dropout", type=_fraction, default=0.5)
+    train.add_argument("--dropout", type=fraction, default=0.5)
     train.add_argument("--lr", type=float, default=0.003)
     train.add_argument("--weight-decay", type=float, default=0.0)
-    train.add_argument("--num-heads", type=_positive_int, default=4,
+    train.add_argument("--num-heads", type=positive_int, default=4,
                        help="attention heads (gat)")
-    train.add_argument("--epochs", type=_positive_int, default=5)
-    train.add_argument("--runs", type=_positive_int, default=1)
+    train.add_argument("--epochs", type=positive_int, default=5)
+    train.add_argument("--runs", type=positive_int, default=1)
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--device", default="cpu",
                        help="cpu, cuda or cuda:N")
-    train.add_argument("--eval-every", type=_positive_int, default=1)
+    train.add_argument("--eval-every", type=positive_int, default=1)
     train.add_argument("--eval", default="auto",
                        choices=["auto", "layerwise", "sampled"],
                        help="full-neighbour layer-wise inference on every "
@@ -127,12 +91,12 @@ def _build_parser() -> argparse.ArgumentParser:
                           choices=["neighbor", "cluster"],
                           help="DGL's neighbour sampler, or cluster "
                           "sampling (2PGraph)")
-    sampling.add_argument("--clusters", type=_non_negative_int, default=0,
+    sampling.add_argument("--clusters", type=non_negative_int, default=0,
                           help="METIS clusters (default: one per batch)")
-    sampling.add_argument("--locality", type=_unit_interval, default=1.0,
+    sampling.add_argument("--locality", type=unit_interval, default=1.0,
                           help="0: uniform neighbours .. 1: only inside "
                           "the cluster")
-    sampling.add_argument("--group-size", type=_positive_int, default=4,
+    sampling.add_argument("--group-size", type=positive_int, default=4,
                           help="clusters mixed into the same batches")
     sampling.add_argument("--renumber", action="store_true",
                           help="make clusters contiguous id ranges "
@@ -164,9 +128,9 @@ def _build_parser() -> argparse.ArgumentParser:
                        choices=["memory", "disk"],
                        help="rows in memory, or read from the feature file "
                        "with O_DIRECT")
-    cache.add_argument("--prefetch", type=_non_negative_int, default=2,
+    cache.add_argument("--prefetch", type=non_negative_int, default=2,
                        help="batches sampled and fetched ahead in threads")
-    cache.add_argument("--window", type=_non_negative_int, default=4,
+    cache.add_argument("--window", type=non_negative_int, default=4,
                        help="lookahead batches for the hmgraph cache")
     cache.add_argument("--reuse", default="none",
                        choices=["none", "one-level", "two-level"],
@@ -174,7 +138,7 @@ def _build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--placement", default="frequency",
                        choices=["frequency", "layer-aware"],
                        help="rank of rows for static placement")
-    cache.add_argument("--profile-batches", type=_positive_int, default=32,
+    cache.add_argument("--profile-batches", type=positive_int, default=32,
                        help="batches sampled to plan the cache")
     train.add_argument("--resume", action="store_true",
                        help="continue from OUT/checkpoint.pt")
@@ -187,17 +151,17 @@ def _build_parser() -> argparse.ArgumentParser:
         "cache policy at several budgets against Belady's optimum, and "
         "write JSON, PNG plots and a markdown summary.",
     )
-    _add_workload_arguments(analyze)
-    analyze.add_argument("--batches", type=_non_negative_int, default=0,
+    add_workload_arguments(analyze)
+    analyze.add_argument("--batches", type=non_negative_int, default=0,
                          help="batches to trace (default: one epoch)")
-    analyze.add_argument("--budgets", type=_budget_shares,
+    analyze.add_argument("--budgets", type=parse_budget_shares,
                          default=[0.01, 0.02, 0.05, 0.10, 0.20, 0.40],
                          help="capacities in %% of rows, e.g. 1,5,20")
     analyze.add_argument("--sampler", default="neighbor",
                          choices=["neighbor", "cluster"])
-    analyze.add_argument("--clusters", type=_non_negative_int, default=0)
-    analyze.add_argument("--locality", type=_unit_interval, default=1.0)
-    analyze.add_argument("--profile-batches", type=_positive_int,
+    analyze.add_argument("--clusters", type=non_negative_int, default=0)
+    analyze.add_argument("--locality", type=unit_interval, default=1.0)
+    analyze.add_argument("--profile-batches", type=positive_int,
                          default=32)
     analyze.add_argument("--seed", type=int, default=0)
     analyze.add_argument("--out", default="bench/results")
@@ -210,7 +174,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "once on the file and cached beside it; --refresh measures again.",
     )
     disk.add_argument("path", help="a feature file (node-feat.bin)")
-    disk.add_argument("--threads", type=_positive_int, default=4,
+    disk.add_argument("--threads", type=positive_int, default=4,
                       help="queue depth: the storage tier's threads "
                       "(default: 4)")
     disk.add_argument("--refresh", action="store_true",
@@ -227,9 +191,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "and memmap with a cold page cache) and with hmgraph's loader "
         "under each cache policy, reuse and cluster sampling; one table.",
     )
-    _add_workload_arguments(bench)
-    bench.add_argument("--epochs", type=_positive_int, default=1)
-    bench.add_argument("--hidden", type=_positive_int, default=256)
+    add_workload_arguments(bench)
+    bench.add_argument("--epochs", type=positive_int, default=1)
+    bench.add_argument("--hidden", type=positive_int, default=256)
     bench.add_argument("--lr", type=float, default=0.003)
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--device-budget", default="5%")
@@ -241,20 +205,6 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="smoke-test sizes: fanouts 5,5, batch 256, "
                        "hidden 32, one epoch")
     return parser
-
-
-def _add_workload_arguments(parser) -> None:
-    """Dataset, root, fanouts and batch size, as ``train`` takes them."""
-    from hmgraph.datasets import known_datasets
-
-    parser.add_argument("--dataset", default="synth-small",
-                        help=f"one of: {', '.join(known_datasets())}")
-    parser.add_argument("--root", default="data",
-                        help="folder holding datasets (default: data)")
-    parser.add_argument("--fanouts", type=parse_fanouts,
-                        default=[15, 10, 5],
-                        help="neighbours per layer, e.g. 15,10,5")
-    parser.add_argument("--batch-size", type=_positive_int, default=1024)
 
 
 def _bench_command(args) -> int:
@@ -270,22 +220,6 @@ def _bench_command(args) -> int:
         print(f"hmgraph bench: error: {failure}", file=sys.stderr)
         return 1
     return 0
-
-
-def _budget_shares(text: str) -> list[float]:
-    shares = []
-    for part in text.split(","):
-        try:
-            value = float(part)
-        except ValueError:
-            value = -1.0
-        if not 0.0 < value <= 100.0:
-            raise argparse.ArgumentTypeError(
-                f"invalid budgets {text!r}: {part!r} is not a percentage "
-                f"in (0, 100]; example: 1,5,20"
-            )
-        shares.append(value / 100.0)
-    return shares
 
 
 def _analyze_command(args) -> int:

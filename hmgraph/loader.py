@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["DataLoader", "LoaderStats", "MiniBatch"]
 
-# Policies planned from a profiling pass with the real sampler.
-_PROFILED = ("presample", "layer-aware", "hmgraph")
+#: Policies planned from a profiling pass with the real sampler.
+PROFILED_POLICIES = ("presample", "layer-aware", "hmgraph")
 
 #: Share of the host budget staged for window read planning by default
 #: (features on the storage tier, lookahead on).
@@ -460,12 +460,12 @@ class DataLoader:
                 source, "read_along") else 0.0
         policy = cache.policy if isinstance(cache, CachePlan) else \
             "none" if cache is None else cache
-        if (policy in _PROFILED or levels) and \
+        if (policy in PROFILED_POLICIES or levels) and \
                 not self._homogeneous_cache():
             raise ValueError(
                 f"cache {policy!r} (or reuse) profiles a homogeneous graph; "
                 f"on heterographs use 'lru', 'clock', 'degree' or None")
-        if policy in _PROFILED or levels:
+        if policy in PROFILED_POLICIES or levels:
             self._profile(profile_batches)
         if isinstance(cache, CachePlan):
             if cache.num_rows != source.num_rows:

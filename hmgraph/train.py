@@ -22,14 +22,14 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from hmgraph.cache.format import atomic_path
-from hmgraph.loader import _PROFILED, DataLoader
+from hmgraph.loader import PROFILED_POLICIES, DataLoader
 from hmgraph.models import build_model, layerwise_inference
 
 log = logging.getLogger(__name__)
 
 __all__ = ["LAYOUTS", "CheckpointError", "TrainConfig", "evaluate",
-           "make_loader", "peak_rss_bytes", "resolve_eval", "resolve_layout",
-           "train", "working_set_bytes"]
+           "make_loader", "make_sampler", "peak_rss_bytes", "resolve_eval",
+           "resolve_layout", "train", "working_set_bytes"]
 
 # Settings a checkpoint must share with the run that resumes it.
 _CHECKPOINT_KEYS = (
@@ -237,11 +237,40 @@ def resolve_layout(config) -> str:
     if config.layout != "auto":
         return config.layout
     return "hot-first" if config.features_on == "disk" and \
-        config.cache in _PROFILED else "file"
+        config.cache in PROFILED_POLICIES else "file"
 
 
-def _make_sampler(config, dataset):
-    """The sampler asked for, and the dataset renumbered if asked."""
+def make_sampler(config, dataset):
+    """The sampler ``config`` asks for, and the dataset in the ids it uses.
+
+    What `train` prepares before its loader, without the loader: METIS
+    clusters for the cluster sampler or ``renumber``, the dataset
+    renumbered by cluster and/or rewritten hot-first as `resolve_layout`
+    decides, and the sampler over the final graph.
+
+    Parameters
+    ----------
+    config : TrainConfig
+        ``sampler``, ``fanouts``, ``batch_size``, ``clusters``,
+        ``locality``, ``group_size``, ``renumber``, ``layout`` and what the
+        layout depends on are read.
+    dataset : hmgraph.datasets.NodeDataset
+        As `hmgraph.datasets.load` returns it.
+
+    Returns
+    -------
+    dataset : hmgraph.datasets.NodeDataset
+        ``dataset`` itself, or a renumbered copy (its feature file
+        rewritten once and reused).
+    sampler : dgl.dataloading.Sampler
+        DGL's ``NeighborSampler`` (fanouts 0 for an MLP) or
+        `hmgraph.samplers.cluster.ClusterSampler`.
+
+    Raises
+    ------
+    ValueError
+        An unknown sampler or layout.
+    """
     dataset, sampler, _, _ = _prepare(config, dataset)
     return dataset, sampler
 

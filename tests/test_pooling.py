@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hmgraph.models import pooling
+from hmgraph.models import hap, pooling
 from hmgraph.models.pooling import (
     HAP,
     POOLING_MODELS,
@@ -55,7 +55,7 @@ def make_model(name, seed=0):
 def record_levels(monkeypatch):
     """Record every level the models build (coarsening and top-k)."""
     levels = []
-    coarsen, select = pooling._coarsen, pooling._select_top
+    coarsen, select = pooling.coarsen, pooling._select_top
 
     def coarsen_and_record(*args):
         levels.append(coarsen(*args))
@@ -66,7 +66,8 @@ def record_levels(monkeypatch):
         levels.append(level)
         return kept, level
 
-    monkeypatch.setattr(pooling, "_coarsen", coarsen_and_record)
+    monkeypatch.setattr(pooling, "coarsen", coarsen_and_record)
+    monkeypatch.setattr(hap, "coarsen", coarsen_and_record)
     monkeypatch.setattr(pooling, "_select_top", select_and_record)
     return levels
 

@@ -89,9 +89,11 @@ def test_summarize_empty():
 
 
 def test_graphsage_on_cora(shared_data, tmp_path):
-    """GraphSAGE with the public split: test accuracy of at least 0.78."""
+    """GraphSAGE with the public split: mean test accuracy over 3 runs of
+    at least 0.78 (one run varies by about a point)."""
     cora = datasets.load("cora", shared_data)
     result = train(config(tmp_path, dataset="cora", fanouts=[-1, -1],
                           batch_size=140, hidden=64, lr=0.01,
-                          weight_decay=5e-4, epochs=100), dataset=cora)
+                          weight_decay=5e-4, epochs=100, runs=3),
+                   dataset=cora)
     assert result["summary"]["test_mean"] >= 0.78

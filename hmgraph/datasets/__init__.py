@@ -9,8 +9,6 @@ Examples
 
 from __future__ import annotations
 
-import builtins
-import contextlib
 import logging
 import os
 import socket
@@ -28,6 +26,7 @@ from hmgraph.datasets.base import (
     attach_feature_file,
     read_feature_rows,
 )
+from hmgraph.datasets.ogb_prompts import answer_ogb_prompts
 from hmgraph.datasets.ogb_stream import (
     STREAMED,
     read_raw_graph,
@@ -207,7 +206,7 @@ def _cache_folder(dataset_folder: Path, name: str) -> Path:
 def _load_ogb_format(name: str, folder: Path, synthetic: bool):
     from ogb.nodeproppred import DglNodePropPredDataset, Evaluator
 
-    with _ogb_prompts(answer="n"):
+    with answer_ogb_prompts(answer="n"):
         if synthetic:
             ds = DglNodePropPredDataset(
                 "ogbn-" + name, meta_dict=meta_dict(folder)
@@ -247,7 +246,7 @@ def _load_ogbn(name: str, root: Path) -> NodeDataset:
     previous = socket.getdefaulttimeout()
     socket.setdefaulttimeout(_DOWNLOAD_TIMEOUT_SECONDS)
     try:
-        with _ogb_prompts(answer="y"):
+        with answer_ogb_prompts(answer="y"):
             return _load_ogb_format(name, folder, synthetic=False)
     except (OSError, EOFError, SystemExit) as err:
         raise DatasetError(
@@ -284,24 +283,3 @@ def _load_planetoid(name: str, root: Path) -> NodeDataset:
         evaluator=AccuracyEvaluator(name), feature_path=Path(),
         info={"folder": folder},
     )
-
-
-@contextlib.contextmanager
-def _ogb_prompts(answer: str):
-    """Answer ogb's interactive questions instead of blocking on stdin.
-
-    ogb asks before re-downloading a copy without its release marker (we
-    answer "n": a local copy is used as is) and before downloads over 1 GB
-    (we answer "y" when asked to fetch a dataset the user named).
-    """
-    original = builtins.input
-
-    def reply(prompt: str = "") -> str:
-        log.info("ogb asked %r; answering %r", prompt.strip(), answer)
-        return answer
-
-    builtins.input = reply
-    try:
-        yield
-    finally:
-        builtins.input = original

@@ -6,7 +6,7 @@ copy in OGB's layout (``ROOT/ogbg_molbace/raw/*.csv.gz``, ``split/``,
 
 - A copy without OGB's release marker (``RELEASE_v1.txt``) makes ogb ask on
   stdin whether to delete it and download again; we answer "no" (see
-  `hmgraph.datasets._ogb_prompts`).
+  `hmgraph.datasets.ogb_prompts.answer_ogb_prompts`).
 - ogb writes ``processed/dgl_data_processed`` under the dataset folder. A
   folder we cannot write (shared, read-only data) is first copied, once and
   atomically, to ``$HMGRAPH_CACHE/ogbg/<folder>`` (default
@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hmgraph.datasets import DatasetError, _ogb_prompts
+from hmgraph.datasets import DatasetError
+from hmgraph.datasets.ogb_prompts import answer_ogb_prompts
 from hmgraph.datasets.tu import GraphDataset
 
 __all__ = ["OGB_GRAPH_DATASETS", "load_ogbg"]
@@ -88,7 +89,7 @@ def _from_ogb(name: str, folder: Path) -> GraphDataset:
 
     # ogb prints progress ("Saving...", tqdm bars); keep the CLI's clean.
     quiet = io.StringIO()
-    with _ogb_prompts(answer="n"), contextlib.redirect_stdout(quiet), \
+    with answer_ogb_prompts(answer="n"), contextlib.redirect_stdout(quiet), \
             contextlib.redirect_stderr(quiet):
         ds = DglGraphPropPredDataset(name, root=str(folder.parent))
         split = ds.get_idx_split()

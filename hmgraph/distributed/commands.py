@@ -15,14 +15,14 @@ __all__ = ["add_parsers", "make_partitions", "partition_command",
 
 def add_parsers(commands) -> None:
     """Add ``partition`` and ``train-dist`` to an argparse subparsers."""
-    from hmgraph.cache.policies import POLICIES
-    from hmgraph.cli import (
-        _add_workload_arguments,
-        _fraction,
-        _non_negative_int,
-        _positive_int,
+    from hmgraph.args import (
+        add_workload_arguments,
+        fraction,
+        non_negative_int,
         parse_fanouts,
+        positive_int,
     )
+    from hmgraph.cache.policies import POLICIES
     from hmgraph.models import MODELS
     from hmgraph.partition import METHODS
 
@@ -34,11 +34,11 @@ def add_parsers(commands) -> None:
         "or hierarchy (HMGraph) methods; prints edge cut, replication and "
         "one epoch's remote traffic per part.",
     )
-    _add_workload_arguments(part)
-    part.add_argument("--parts", type=_positive_int, required=True)
+    add_workload_arguments(part)
+    part.add_argument("--parts", type=positive_int, required=True)
     part.add_argument("--method", default="metis", choices=METHODS)
     part.add_argument("--out", required=True, help="output folder")
-    part.add_argument("--clusters-per-part", type=_positive_int, default=16,
+    part.add_argument("--clusters-per-part", type=positive_int, default=16,
                       help="METIS clusters per part (self-dependence, "
                       "hierarchy)")
     part.add_argument("--replication", type=float, default=0.5,
@@ -51,7 +51,7 @@ def add_parsers(commands) -> None:
     part.add_argument("--machine-budgets", default=None,
                       help="fast-tier bytes per machine, comma separated "
                       "(overrides the two above), e.g. 2GB,1GB,1GB,1GB")
-    part.add_argument("--halo-hops", type=_positive_int, default=1)
+    part.add_argument("--halo-hops", type=positive_int, default=1)
     part.add_argument("--seed", type=int, default=0)
     part.add_argument("--no-stats", action="store_true",
                       help="skip the epoch replay that counts remote "
@@ -66,17 +66,17 @@ def add_parsers(commands) -> None:
     )
     dist.add_argument("--parts-dir", required=True,
                       help="written by hmgraph partition")
-    dist.add_argument("--trainers", type=_positive_int, default=None,
+    dist.add_argument("--trainers", type=positive_int, default=None,
                       help="trainer processes (a multiple of the parts; "
                       "default one per part)")
     dist.add_argument("--model", default="sage", choices=sorted(MODELS))
     dist.add_argument("--fanouts", type=parse_fanouts, default=[15, 10, 5])
-    dist.add_argument("--batch-size", type=_positive_int, default=1024,
+    dist.add_argument("--batch-size", type=positive_int, default=1024,
                       help="global batch, split evenly among trainers")
-    dist.add_argument("--hidden", type=_positive_int, default=256)
-    dist.add_argument("--dropout", type=_fraction, default=0.5)
+    dist.add_argument("--hidden", type=positive_int, default=256)
+    dist.add_argument("--dropout", type=fraction, default=0.5)
     dist.add_argument("--lr", type=float, default=0.003)
-    dist.add_argument("--epochs", type=_positive_int, default=1)
+    dist.add_argument("--epochs", type=positive_int, default=1)
     dist.add_argument("--seed", type=int, default=0)
     dist.add_argument("--cache", default="hmgraph",
                       choices=["none", *[n for n in POLICIES
@@ -84,11 +84,11 @@ def add_parsers(commands) -> None:
     dist.add_argument("--device-budget", default="5%")
     dist.add_argument("--host-budget", default="20%")
     dist.add_argument("--device", default="cpu")
-    dist.add_argument("--threads", type=_positive_int, default=1,
+    dist.add_argument("--threads", type=positive_int, default=1,
                       help="torch threads per trainer")
     dist.add_argument("--timeout", type=float, default=3600.0,
                       help="seconds before the job is stopped")
-    dist.add_argument("--log-every", type=_non_negative_int, default=0,
+    dist.add_argument("--log-every", type=non_negative_int, default=0,
                       help="print a trainer's loss every N batches")
     dist.add_argument("--out", default=None,
                       help="output folder (default runs/dist-PARTS)")

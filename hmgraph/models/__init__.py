@@ -1,18 +1,17 @@
 """GNN layers and models over DGL blocks, and layer-wise inference."""
 
 from .gnn import GAT, GCN, MLP, MODELS, GraphSAGE, build_model
+from .hap import HAP
+from .hierarchy import GraphLevel, to_dense_batch
 from .inference import layerwise_inference
 from .layers import GATConv, GCNConv, SAGEConv
 from .pooling import (
     GIN,
-    HAP,
     POOLING_MODELS,
     DiffPool,
-    GraphLevel,
     SAGPool,
     TopKPool,
     build_pooling_model,
-    to_dense_batch,
 )
 
 __all__ = [

@@ -1,0 +1,222 @@
+"""argparse types and argument groups shared by the ``hmgraph`` commands.
+
+Each ``type=`` function here turns one command-line string into a value or
+raises `argparse.ArgumentTypeError` with one line that names the bad value
+and says what is valid; argparse prefixes the option, e.g. ``hmgraph:
+error: argument --batch-size: '-4' is not a positive integer``.
+
+This module imports nothing of hmgraph at import time, so `hmgraph.cli`,
+`hmgraph.classify` and `hmgraph.distributed.commands` can all use it
+without importing one another.
+
+Examples
+--------
+>>> parse_fanouts("15,10,5")
+[15, 10, 5]
+>>> positive_int("3")
+3
+>>> fraction("1")
+Traceback (most recent call last):
+...
+argparse.ArgumentTypeError: '1' is not a number in [0, 1)
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = [
+    "add_workload_arguments",
+    "fraction",
+    "non_negative_int",
+    "parse_budget_shares",
+    "parse_fanouts",
+    "positive_int",
+    "unit_interval",
+]
+
+
+def parse_fanouts(text: str) -> list[int]:
+    """Parse ``"15,10,5"`` into ``[15, 10, 5]``.
+
+    Parameters
+    ----------
+    text : str
+        Comma-separated fanouts, one per layer, input layer first as in
+        `dgl.dataloading.NeighborSampler`: each a positive integer, or
+        ``-1`` for all neighbours; no spaces.
+
+    Returns
+    -------
+    list of int
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        ``invalid fanouts '15,0': '0' is not a positive integer or -1 (all
+        neighbours); example: 15,10,5``.
+    """
+    fanouts = []
+    for part in text.split(","):
+        try:
+            value = int(part)
+        except ValueError:
+            value = 0
+        if value == 0 or value < -1 or part.strip() != part:
+            raise argparse.ArgumentTypeError(
+                f"invalid fanouts {text!r}: {part!r} is not a positive "
+                f"integer or -1 (all neighbours); example: 15,10,5"
+            )
+        fanouts.append(value)
+    return fanouts
+
+
+def _checked(kind, text: str, low, high, closed_high: bool, what: str):
+    """``kind(text)`` if it lies in ``[low, high]`` (``[low, high)`` unless
+    ``closed_high``; no upper bound if ``high`` is None), else
+    `argparse.ArgumentTypeError` ``'TEXT' is not WHAT``. NaN is outside
+    every range.
+    """
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    inside = value is not None and value >= low and (
+        high is None or value < high or (closed_high and value == high))
+    if not inside:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """Parse an integer of at least 1 (counts, sizes, epochs).
+
+    Parameters
+    ----------
+    text : str
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        ``'-4' is not a positive integer``.
+    """
+    return _checked(int, text, 1, None, True, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    """Parse an integer of at least 0 (0 usually meaning "default" or "off").
+
+    Parameters
+    ----------
+    text : str
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        ``'-1' is not a non-negative integer``.
+    """
+    return _checked(int, text, 0, None, True, "a non-negative integer")
+
+
+def unit_interval(text: str) -> float:
+    """Parse a number in ``[0, 1]`` (a share, a locality).
+
+    Parameters
+    ----------
+    text : str
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        ``'1.5' is not a number in [0, 1]``.
+    """
+    return _checked(float, text, 0.0, 1.0, True, "a number in [0, 1]")
+
+
+def fraction(text: str) -> float:
+    """Parse a number in ``[0, 1)`` (a dropout probability).
+
+    Parameters
+    ----------
+    text : str
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        ``'1' is not a number in [0, 1)``.
+    """
+    return _checked(float, text, 0.0, 1.0, False, "a number in [0, 1)")
+
+
+def parse_budget_shares(text: str) -> list[float]:
+    """Parse cache capacities in percent, ``"1,5,20"``, into shares.
+
+    Parameters
+    ----------
+    text : str
+        Comma-separated percentages, each in ``(0, 100]``.
+
+    Returns
+    -------
+    list of float
+        The shares, ``[0.01, 0.05, 0.2]`` for ``"1,5,20"``.
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        ``invalid budgets '1,0': '0' is not a percentage in (0, 100];
+        example: 1,5,20``.
+    """
+    shares = []
+    for part in text.split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            value = -1.0
+        if not 0.0 < value <= 100.0:
+            raise argparse.ArgumentTypeError(
+                f"invalid budgets {text!r}: {part!r} is not a percentage "
+                f"in (0, 100]; example: 1,5,20"
+            )
+        shares.append(value / 100.0)
+    return shares
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--dataset``, ``--root``, ``--fanouts`` and ``--batch-size``.
+
+    As ``hmgraph train`` takes them; used by the commands that sample a
+    dataset the way training would (``analyze``, ``bench``,
+    ``partition``).
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The (sub)command's parser.
+    """
+    from hmgraph.datasets import known_datasets
+
+    parser.add_argument("--dataset", default="synth-small",
+                        help=f"one of: {', '.join(known_datasets())}")
+    parser.add_argument("--root", default="data",
+                        help="folder holding datasets (default: data)")
+    parser.add_argument("--fanouts", type=parse_fanouts,
+                        default=[15, 10, 5],
+                        help="neighbours per layer, e.g. 15,10,5")
+    parser.add_argument("--batch-size", type=positive_int, default=1024)

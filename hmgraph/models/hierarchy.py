@@ -1,0 +1,312 @@
+"""Batched graphs at the levels of a pooling hierarchy, and the base class.
+
+The harness shared by HAP (`hmgraph.models.hap`) and the pooling baselines
+(`hmgraph.models.pooling`): `GraphLevel`, the GIN and GCN layers over it,
+`coarsen` (``S^T A S``) and `GraphClassifier`, the base of every graph
+classifier.
+
+Every `GraphClassifier` has the constructor ``(in_feats, hidden_feats,
+num_classes, num_levels=3, dropout=0.5, ratio=..., max_nodes=None)``,
+``forward(graph, features) -> logits`` on a batched DGL graph
+(``dgl.batch``, on the CPU; ``features`` on any device), ``embed(graph,
+features)`` for the graph embeddings before the classifier, and an
+``auxiliary_loss`` tensor set by each forward (0 for models without one)
+that the training loop adds to the classification loss. As in
+`hmgraph.models.layers`, message passing is torch ``index_add_`` /
+``scatter_reduce`` over the graph's edge ids (moved to the features'
+device), so the models run on cuda although the DGL wheel is CPU-only.
+
+A batch at one level of a hierarchy is a `GraphLevel`: the input level is
+*sparse* (node rows flat, ``(total nodes, F)``, graph after graph, with
+edge ids); a coarsened level is *dense* (rows padded to ``(B, K, F)`` with
+a node mask and a weighted adjacency ``(B, K, K)``). TopK and SAGPool stay
+sparse at every level (they keep a subset of the nodes); HAP and DiffPool
+compute their first assignment from the sparse level (``S^T A S`` as
+``S^T (A S)`` with ``A S`` summed over edges, never an ``N x N`` matrix)
+and are dense after that.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = [
+    "GINConv",
+    "GraphClassifier",
+    "GraphConv",
+    "GraphLevel",
+    "coarsen",
+    "to_dense_batch",
+]
+
+
+def to_dense_batch(x, sizes):
+    """Pad flat node rows, graph after graph, to a dense batch.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        Shape ``(sum(sizes), *feat_shape)``; rows of graph 0, then 1, ...
+    sizes : torch.Tensor
+        int64 nodes per graph, shape ``(B,)``, on ``x.device``.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``dense`` of shape ``(B, max(sizes), *feat_shape)`` with zeros in
+        the padding, and ``mask`` (bool, ``(B, max(sizes))``, True on real
+        nodes); both on ``x.device``.
+    """
+    width = int(sizes.max()) if sizes.numel() else 0
+    mask = torch.arange(width, device=x.device) < sizes.unsqueeze(1)
+    dense = x.new_zeros((sizes.numel(), width, *x.shape[1:]))
+    dense[mask] = x
+    return dense, mask
+
+
+@dataclass
+class GraphLevel:
+    """A batch of ``B`` graphs at one level of a pooling hierarchy.
+
+    Sparse (``adj is None``): node rows are flat, ``(sizes.sum(), F)``,
+    graph after graph; ``batch`` is each row's graph and ``src`` / ``dst``
+    hold the edges. Dense: node rows are ``(B, K, F)``, ``mask`` marks real
+    rows and ``adj`` is the weighted ``(B, K, K)`` adjacency. Per-node work
+    stays in the level's own layout (padding a sparse level to ``(B,
+    max_nodes, F)`` costs 16x the rows on PROTEINS). Tensors are on the
+    model's device.
+    """
+
+    sizes: torch.Tensor
+    mask: torch.Tensor
+    batch: torch.Tensor | None = None
+    src: torch.Tensor | None = None
+    dst: torch.Tensor | None = None
+    adj: torch.Tensor | None = None
+
+    @classmethod
+    def sparse(cls, sizes, src, dst) -> GraphLevel:
+        """A sparse level from nodes per graph and flat edge ids."""
+        width = int(sizes.max()) if sizes.numel() else 0
+        mask = torch.arange(width, device=sizes.device) < sizes.unsqueeze(1)
+        batch = torch.repeat_interleave(
+            torch.arange(sizes.numel(), device=sizes.device), sizes)
+        return cls(sizes, mask, batch, src, dst)
+
+    @classmethod
+    def from_graph(cls, graph, device) -> GraphLevel:
+        """The sparse level of a batched DGL graph, on ``device``."""
+        src, dst = graph.edges()
+        sizes = graph.batch_num_nodes().to(device=device, dtype=torch.int64)
+        return cls.sparse(sizes, src.to(device, torch.int64),
+                          dst.to(device, torch.int64))
+
+    @property
+    def dense(self) -> bool:
+        return self.adj is not None
+
+    def to_dense(self, x):
+        """Rows as ``(B, K, ...)``, zero padded."""
+        return x if self.dense else to_dense_batch(x, self.sizes)[0]
+
+    def from_dense(self, x):
+        """Inverse of `to_dense` (back to the level's own layout)."""
+        return x if self.dense else x[self.mask]
+
+    def aggregate(self, x, normalized=False):
+        """Sum of neighbour rows (weighted on dense levels).
+
+        With ``normalized`` the adjacency is ``D^-1/2 A D^-1/2``.
+        """
+        if self.dense:
+            adj = self.adj
+            if normalized:
+                norm = adj.sum(-1).clamp(min=1e-6).pow(-0.5)
+                adj = norm.unsqueeze(-1) * adj * norm.unsqueeze(-2)
+            return adj @ x
+        if normalized:
+            degree = torch.bincount(self.dst, minlength=x.shape[0])
+            norm = degree.clamp(min=1).to(x.dtype).pow(-0.5)
+            norm = norm.view(-1, *[1] * (x.dim() - 1))
+            return norm * self.aggregate(norm * x)
+        out = torch.zeros_like(x)
+        return out.index_add_(0, self.dst, x.index_select(0, self.src))
+
+    def propagate(self, x):
+        """GCN propagation ``D^-1/2 (A + I) D^-1/2 x``."""
+        if self.dense:
+            degree = self.adj.sum(-1) + 1.0
+        else:
+            degree = torch.bincount(self.dst, minlength=x.shape[0]) + 1.0
+        norm = degree.to(x.dtype).pow(-0.5).unsqueeze(-1)
+        return norm * (self.aggregate(norm * x) + norm * x)
+
+    def sum_nodes(self, x):
+        """Per-graph sum of rows, ``(B, F)``; padding excluded."""
+        if self.dense:
+            return (x * self.mask.unsqueeze(-1)).sum(1)
+        out = x.new_zeros((self.sizes.numel(), x.shape[-1]))
+        return out.index_add_(0, self.batch, x)
+
+    def softmax_nodes(self, scores):
+        """Softmax of per-node scores over each graph's nodes."""
+        dense = self.to_dense(scores).masked_fill(~self.mask, -math.inf)
+        weights = torch.nan_to_num(torch.softmax(dense, dim=1))
+        return self.from_dense(weights)
+
+    def readout(self, x, how="meanmax"):
+        """Per-graph ``sum``, ``mean`` or ``meanmax`` (mean ‖ max), ``(B, .)``.
+
+        Padded rows and empty graphs contribute nothing (zeros).
+        """
+        total = self.sum_nodes(x)
+        if how == "sum":
+            return total
+        mean = total / self.sizes.clamp(min=1).unsqueeze(-1).to(x.dtype)
+        if how == "mean":
+            return mean
+        if self.dense:
+            peak = x.masked_fill(~self.mask.unsqueeze(-1), -math.inf).amax(1)
+            peak = peak.masked_fill(self.sizes.unsqueeze(-1) == 0, 0.0)
+        else:
+            index = self.batch.unsqueeze(-1).expand_as(x)
+            peak = x.new_zeros((self.sizes.numel(), x.shape[-1]))
+            peak = peak.scatter_reduce(0, index, x, reduce="amax",
+                                       include_self=False)
+        return torch.cat([mean, peak], dim=-1)
+
+
+class GINConv(nn.Module):
+    """GIN layer: ``MLP((1 + eps) h + sum_neighbours h)``, learnable eps.
+
+    The MLP is Linear -> BatchNorm (optional) -> ReLU -> Linear. On dense
+    levels ``normalized`` aggregates over ``D^-1/2 A D^-1/2``.
+    """
+
+    def __init__(self, in_feats, out_feats, batch_norm=True, normalized=False):
+        super().__init__()
+        self.eps = nn.Parameter(torch.zeros(1))
+        self.normalized = normalized
+        self.mlp = nn.Sequential(
+            nn.Linear(in_feats, out_feats),
+            nn.BatchNorm1d(out_feats) if batch_norm else nn.Identity(),
+            nn.ReLU(), nn.Linear(out_feats, out_feats))
+
+    def forward(self, level, x):
+        h = (1 + self.eps) * x + level.aggregate(x, self.normalized)
+        return self.mlp(h)
+
+
+class GraphConv(nn.Module):
+    """GCN layer ``Â x W + b`` on any `GraphLevel`."""
+
+    def __init__(self, in_feats, out_feats):
+        super().__init__()
+        self.linear = nn.Linear(in_feats, out_feats)
+
+    def forward(self, level, x):
+        return level.propagate(self.linear(x))
+
+
+class GraphClassifier(nn.Module):
+    """Shared checks, classifier head and `forward`.
+
+    Subclasses implement ``_embed(level, x) -> (B, embed_feats)`` and may
+    set ``self.auxiliary_loss`` inside it.
+
+    Parameters
+    ----------
+    in_feats, hidden_feats, num_classes : int
+        Node feature size, hidden size, classes.
+    num_levels : int, optional
+        Readouts (levels, or GIN layers). Default: ``3``.
+    dropout : float, optional
+        Dropout in the classifier MLP. Default: ``0.5``.
+    ratio : float, optional
+        Kept share of nodes (TopK, SAGPool) or clusters per node (HAP,
+        DiffPool) at each pooling, in ``(0, 1]``.
+    max_nodes : int, optional
+        Nodes of the largest graph (DiffPool's cluster count).
+    """
+
+    default_ratio = 0.5
+
+    def __init__(self, in_feats, hidden_feats, num_classes, num_levels=3,
+                 dropout=0.5, ratio=None, max_nodes=None):
+        super().__init__()
+        for name, value in [("in_feats", in_feats),
+                            ("hidden_feats", hidden_feats),
+                            ("num_classes", num_classes),
+                            ("num_levels", num_levels)]:
+            if not isinstance(value, numbers.Integral) or value < 1:
+                raise ValueError(
+                    f"{name} must be a positive int; got {value!r}")
+        ratio = self.default_ratio if ratio is None else ratio
+        if not 0.0 < ratio <= 1.0:
+            raise ValueError(f"ratio must be in (0, 1]; got {ratio!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1); got {dropout!r}")
+        self.in_feats, self.hidden_feats = int(in_feats), int(hidden_feats)
+        self.num_classes, self.num_levels = int(num_classes), int(num_levels)
+        self.ratio, self.max_nodes = float(ratio), max_nodes
+        width = self._embed_width()
+        self.classifier = nn.Sequential(
+            nn.Linear(width, hidden_feats), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(hidden_feats, max(hidden_feats // 2, 1)), nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(max(hidden_feats // 2, 1), num_classes))
+        self.auxiliary_loss = torch.zeros(())
+
+    def embed(self, graph, features):
+        """Graph embeddings, ``(graph.batch_size, embed width)``.
+
+        Parameters
+        ----------
+        graph : dgl.DGLGraph
+            A batched graph (``dgl.batch``) on the CPU.
+        features : torch.Tensor
+            Node features ``(graph.num_nodes(), in_feats)``, any device.
+
+        Returns
+        -------
+        torch.Tensor
+            On ``features.device``; also sets ``auxiliary_loss``.
+        """
+        if features.dim() != 2 or features.shape != (
+                graph.num_nodes(), self.in_feats):
+            raise ValueError(
+                f"features must have shape (num_nodes={graph.num_nodes()}, "
+                f"in_feats={self.in_feats}); got {tuple(features.shape)}")
+        self.auxiliary_loss = features.new_zeros(())
+        level = GraphLevel.from_graph(graph, features.device)
+        return self._embed(level, features)
+
+    def forward(self, graph, features):
+        """Class logits ``(graph.batch_size, num_classes)``; see `embed`."""
+        return self.classifier(self.embed(graph, features))
+
+    def _embed_width(self):
+        """Width of `embed`'s rows: mean ‖ max of ``hidden_feats``."""
+        return 2 * self.hidden_feats
+
+    def _embed(self, level, x):
+        raise NotImplementedError
+
+
+def coarsen(level, assign, cluster_mask):
+    """The dense level with adjacency ``S^T A S``.
+
+    ``assign`` is ``S`` as a dense ``(B, N, K)`` tensor (zero on padded
+    nodes); ``A S`` is summed over the level's edges (or ``adj @ S``), so a
+    sparse level never builds an ``N x N`` matrix. ``cluster_mask`` (``(B,
+    K)``) marks the super-nodes in use.
+    """
+    adj_assign = level.to_dense(level.aggregate(level.from_dense(assign)))
+    adj = assign.transpose(1, 2) @ adj_assign
+    adj = adj * (cluster_mask.unsqueeze(1) & cluster_mask.unsqueeze(2))
+    return GraphLevel(cluster_mask.sum(1), cluster_mask, adj=adj)

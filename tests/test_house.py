@@ -1,0 +1,311 @@
+"""The package's house rules: no import circles, no private names borrowed.
+
+The static import graph is read from the source with `ast` (nothing is
+imported): every ``import`` and ``from ... import`` anywhere in a file,
+inside functions and ``if TYPE_CHECKING:`` blocks included, over every
+package of ``[tool.setuptools.package-dir]`` in pyproject.toml under its
+``hmgraph.*`` name (``cache/`` is ``hmgraph.cache``, ...). An edge goes to
+the module that is named: ``from pkg import sub`` is an edge to
+``pkg.sub`` when ``sub`` is a submodule, else to ``pkg``; ``import a.b``
+is an edge to ``a.b``. The import of a parent package that Python does on
+the way to a submodule is not an edge: a package's ``__init__`` importing
+its submodules is how packages are built, and only a submodule that names
+its own package (or an ancestor) back closes a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# (importing module, module imported from, private name) triples allowed to
+# cross a module boundary; a name another module needs should be public.
+ALLOWED_PRIVATE_IMPORTS: frozenset[tuple[str, str, str]] = frozenset()
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One import: ``importer`` names ``target`` at ``path:line``.
+
+    ``name`` is the attribute taken by ``from target import name``, or
+    None when the import names the module itself.
+    """
+
+    importer: str
+    target: str
+    path: Path
+    line: int
+    name: str | None = None
+
+    def where(self) -> str:
+        try:
+            path = self.path.relative_to(REPO)
+        except ValueError:
+            path = self.path
+        return f"{path}:{self.line}"
+
+
+def package_roots(pyproject: Path = REPO / "pyproject.toml") -> dict:
+    """``{package name: folder}`` from ``[tool.setuptools.package-dir]``."""
+    config = tomllib.loads(pyproject.read_text())
+    dirs = config["tool"]["setuptools"]["package-dir"]
+    return {name: pyproject.parent / folder for name, folder in dirs.items()}
+
+
+def module_files(roots: dict) -> dict[str, Path]:
+    """``{module name: file}`` of every ``.py`` file under ``roots``.
+
+    A folder that sits inside one root but is mapped to its own root (say
+    a stale ``hmgraph/cache/`` beside ``cache/``) is left out: Python
+    imports that name from the other folder.
+    """
+    modules = {}
+    for package, folder in roots.items():
+        for path in sorted(Path(folder).rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            name = ".".join((package, *parts))
+            owner = max((p for p in roots
+                         if name == p or name.startswith(p + ".")), key=len)
+            if owner == package:
+                modules[name] = path
+    return modules
+
+
+def _known(name: str, modules) -> str | None:
+    """``name`` or its longest dotted prefix that is a module, or None."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:end])
+        if prefix in modules:
+            return prefix
+    return None
+
+
+def _absolute(module: str, is_package: bool, level: int,
+              name: str | None) -> str:
+    """The absolute module of ``from <level dots><name> import ...``."""
+    if not level:
+        return name or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[:len(base) - (level - 1)]
+    return ".".join([*base, *([name] if name else [])])
+
+
+def imports_of(module: str, path: Path, modules) -> list[Edge]:
+    """Every import of another module of ``modules`` made by ``path``."""
+    tree = ast.parse(path.read_text(), str(path))
+    edges = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                target = _known(alias.name, modules)
+                if target is not None:
+                    edges.append(Edge(module, target, path, node.lineno))
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(module, path.name == "__init__.py",
+                               node.level, node.module)
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                if submodule in modules:
+                    edges.append(Edge(module, submodule, path, node.lineno))
+                    continue
+                target = _known(source, modules)
+                if target is not None:
+                    edges.append(Edge(module, target, path, node.lineno,
+                                      alias.name))
+    return [edge for edge in edges if edge.target != module]
+
+
+def import_graph(modules) -> dict[str, list[Edge]]:
+    """``{module: its imports of other modules}``, every module a key."""
+    return {name: imports_of(name, path, modules)
+            for name, path in modules.items()}
+
+
+def strongly_connected(graph) -> list[list[str]]:
+    """Components of more than one module (Tarjan, iterative)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted({e.target for e in graph[root]})))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, targets = work[-1]
+            for target in targets:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(
+                        {e.target for e in graph[target]}))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return sorted(found)
+
+
+def shortest_cycle(graph, component: list[str]) -> list[Edge]:
+    """The edges of a shortest circle through ``component[0]``."""
+    members, start = set(component), component[0]
+    came_by: dict[str, Edge] = {}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for edge in graph[node]:
+            if edge.target not in members:
+                continue
+            if edge.target == start:
+                path = [edge]
+                while path[0].importer != start:
+                    path.insert(0, came_by[path[0].importer])
+                return path
+            if edge.target not in came_by:
+                came_by[edge.target] = edge
+                queue.append(edge.target)
+    raise AssertionError(f"{component} is not strongly connected")
+
+
+def describe_cycles(graph) -> str:
+    """One block per circle: a shortest circle hop by hop, with the file
+    and line of each import, then the other imports inside the component.
+    """
+    blocks = []
+    for component in strongly_connected(graph):
+        cycle = shortest_cycle(graph, component)
+        seen = {(e.importer, e.target, e.line) for e in cycle}
+        others = []
+        for edge in (e for name in component for e in graph[name]
+                     if e.target in component):
+            if (edge.importer, edge.target, edge.line) not in seen:
+                seen.add((edge.importer, edge.target, edge.line))
+                others.append(edge)
+        lines = [f"circle among {len(component)} modules "
+                 f"{', '.join(component)}:"]
+        lines += [f"  {e.importer} -> {e.target}  ({e.where()})"
+                  for e in cycle]
+        if others:
+            lines.append("  and inside it:")
+            lines += [f"    {e.importer} -> {e.target}  ({e.where()})"
+                      for e in others]
+        blocks.append("\n".join(lines))
+    return "\n".join(blocks)
+
+
+def private_imports(graph) -> list[Edge]:
+    """``from other_module import _name`` (dunders are not private)."""
+    return [edge for edges in graph.values() for edge in edges
+            if edge.name is not None and edge.name.startswith("_")
+            and not (edge.name.startswith("__") and edge.name.endswith("__"))
+            and (edge.importer, edge.target, edge.name)
+            not in ALLOWED_PRIVATE_IMPORTS]
+
+
+def package_graph():
+    return import_graph(module_files(package_roots()))
+
+
+def test_the_package_is_found():
+    modules = module_files(package_roots())
+    for name in ("hmgraph", "hmgraph.cli", "hmgraph.cache.format",
+                 "hmgraph.samplers.cluster", "hmgraph.partition.methods",
+                 "hmgraph.models.pooling", "hmgraph.distributed.commands"):
+        assert name in modules
+    assert modules["hmgraph.cache.format"] == REPO / "cache" / "format.py"
+
+
+def test_no_import_circles():
+    graph = package_graph()
+    report = describe_cycles(graph)
+    print(report or f"no import circles among {len(graph)} modules")
+    assert not report, "import circles:\n" + report
+
+
+def test_no_private_names_imported_across_modules():
+    found = private_imports(package_graph())
+    report = "\n".join(f"  {e.where()}: {e.importer} imports {e.name} "
+                       f"from {e.target}" for e in found)
+    assert not found, ("private names imported from other modules; make "
+                       "them public or move them:\n" + report)
+
+
+def write_package(root: Path, files: dict[str, str]) -> dict[str, Path]:
+    """Write ``{relative path: source}`` and map it as package ``pkg``."""
+    for relative, source in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+    return module_files({"pkg": root / "pkg", "pkg.ext": root / "ext"})
+
+
+def test_graph_rules(tmp_path):
+    modules = write_package(tmp_path, {
+        "pkg/__init__.py": "from pkg.a import A\n",
+        "pkg/a.py": "from pkg import b\nfrom . import c as see\nA = 1\n",
+        "pkg/b.py": "def f():\n    import pkg.sub.d\n",
+        "pkg/c.py": "from .leaf import _hidden, __version__\n",
+        "pkg/leaf.py": "_hidden = __version__ = 1\n",
+        "pkg/sub/__init__.py": "from . import d\n",
+        "pkg/sub/d.py": "import os\nfrom ..ext import x\n",
+        "pkg/ext/stale.py": "",
+        "ext/__init__.py": "",
+        "ext/x.py": "import pkg.nothing_here\n",
+    })
+    assert "pkg.ext.stale" not in modules
+    graph = import_graph(modules)
+    targets = {name: sorted((e.target, e.name) for e in edges)
+               for name, edges in graph.items()}
+    assert targets == {
+        "pkg": [("pkg.a", "A")],
+        "pkg.a": [("pkg.b", None), ("pkg.c", None)],
+        "pkg.b": [("pkg.sub.d", None)],
+        "pkg.c": [("pkg.leaf", "__version__"), ("pkg.leaf", "_hidden")],
+        "pkg.leaf": [],
+        "pkg.sub": [("pkg.sub.d", None)],
+        "pkg.sub.d": [("pkg.ext.x", None)],
+        "pkg.ext": [],
+        "pkg.ext.x": [("pkg", None)],
+    }
+    assert [(e.importer, e.name) for e in private_imports(graph)] == [
+        ("pkg.c", "_hidden")]
+    # pkg -> a -> b -> sub.d -> ext.x -> pkg (function-level import too).
+    assert strongly_connected(graph) == [
+        ["pkg", "pkg.a", "pkg.b", "pkg.ext.x", "pkg.sub.d"]]
+    report = describe_cycles(graph)
+    assert "  pkg -> pkg.a  (" in report
+    assert "  pkg.ext.x -> pkg  (" in report
+    assert "pkg.c" not in report
+
+
+def test_no_circle_without_a_way_back(tmp_path):
+    modules = write_package(tmp_path, {
+        "pkg/__init__.py": "from pkg import a\n",
+        "pkg/a.py": "from pkg import b\n",
+        "pkg/b.py": "",
+        "ext/__init__.py": "",
+    })
+    assert describe_cycles(import_graph(modules)) == ""

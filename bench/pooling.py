@@ -1,18 +1,12 @@
 """HAP against the pooling baselines on TU datasets, one protocol for all.
 
-Every (dataset, model) pair runs `hmgraph.classify.run`: stratified
-k-fold cross-validation, a validation set carved from each training fold,
-selection and early stopping on validation only, the best epoch's weights
-scored once on the test fold. Results: ``bench/results/pooling.json``
-(rewritten atomically after every pair) and ``pooling.md`` (accuracy mean
-± std over folds per model and dataset, the published figures and the
-target: HAP best of the harness on at least 3 of the 4 datasets).
+Every (dataset, model) pair runs `hmgraph.classify.run` (stratified
+k-fold CV, validation carved from each training fold, selection and early
+stopping on validation only); target: HAP best of the harness on at least
+3 of the 4 datasets. Details in bench/README.md.
 
-```sh
-.venv/bin/python bench/pooling.py                    # all, ~40 min, 2 cores
-.venv/bin/python bench/pooling.py --quick            # smoke run, MUTAG
-.venv/bin/python bench/pooling.py --datasets MUTAG --models hap,gin
-```
+Examples: ``python bench/pooling.py`` (all, ~1.5 h on 2 cores);
+``python bench/pooling.py --quick`` (MUTAG, 2 folds, 3 epochs).
 """
 
 from __future__ import annotations
@@ -20,15 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("OUTDATED_IGNORE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = REPO.parent / "shared" / "data"
@@ -236,10 +231,9 @@ def markdown(report) -> str:
     choose = len(families) < len(models)
 
     def table(rows, lookup, bold):
-        out = ["", "| model | " + " | ".join(datasets) + " |",
-               "|---|" + "---:|" * len(datasets)]
+        out = []
         for row in rows:
-            cells = []
+            cells = [row]
             for dataset in datasets:
                 entry = lookup.get((dataset, row))
                 cell = _cell(entry["summary"] if entry else None)
@@ -252,8 +246,8 @@ def markdown(report) -> str:
                 if bold and best.get("best") == row:
                     cell = f"**{cell}**"
                 cells.append(cell)
-            out.append(f"| {row} | " + " | ".join(cells) + " |")
-        return out
+            out.append(cells)
+        return ["", common.markdown_table(["model", *datasets], out)]
 
     if choose:
         lines += ["", "Every configuration (one fixed setting each):"]
@@ -277,25 +271,19 @@ def markdown(report) -> str:
                   "machine): " + ", ".join(
                       f"{d}: first {n} folds" for d, n in limited.items())
                   + ". Those cells are means over the folds run."]
+    cost = [[m, *(f"{r['summary']['epochs_mean']:.0f} ep, "
+                  f"{r['wall_seconds']:.0f} s" if r else "—"
+                  for r in (by_key.get((d, m)) for d in datasets))]
+            for m in models]
+    published = [[source, model, *(values.get(d, "—") for d in datasets)]
+                 for source, table in PUBLISHED.items()
+                 for model, values in table.items()]
     lines += ["", "Mean epochs run per fold (early stopping) and wall "
               "seconds per cell:", "",
-              "| model | " + " | ".join(datasets) + " |",
-              "|---|" + "---:|" * len(datasets)]
-    for model in models:
-        cells = []
-        for dataset in datasets:
-            r = by_key.get((dataset, model))
-            cells.append(f"{r['summary']['epochs_mean']:.0f} ep, "
-                         f"{r['wall_seconds']:.0f} s" if r else "—")
-        lines.append(f"| {model} | " + " | ".join(cells) + " |")
-    # Published figures.
-    lines += ["", "## Published figures (their protocols, not ours)", "",
-              "| source | model | " + " | ".join(datasets) + " |",
-              "|---|---|" + "---:|" * len(datasets)]
-    for source, table in PUBLISHED.items():
-        for model, values in table.items():
-            lines.append(f"| {source} | {model} | " + " | ".join(
-                values.get(d, "—") for d in datasets) + " |")
+              common.markdown_table(["model", *datasets], cost), "",
+              "## Published figures (their protocols, not ours)", "",
+              common.markdown_table(["source", "model", *datasets],
+                                    published)]
     lines += ["", "Protocols of the cited figures:", ""]
     lines += [f"- **{source}**: {text}." for source, text in
               PROTOCOLS.items()]
@@ -322,8 +310,10 @@ def markdown(report) -> str:
                      f"vs {row['best_other']} "
                      f"{100 * row['best_other_mean']:.2f} "
                      f"({row['margin_points']:+.2f} points).")
-    lines += ["", f"**{'PASS' if t['pass'] else 'MISS'}**: HAP is best on "
-              f"{t['hap_wins']} of {len(t['per_dataset'])} datasets."]
+    lines += ["", common.targets_table([common.target(
+        1, f"datasets (of {len(t['per_dataset'])} run, 4 needed) where HAP "
+        "is best of the harness", t["hap_wins"] if len(t["per_dataset"])
+        == 4 else None, ">=", 3)])]
     if choose:
         lines += ["", "Without selection, each HAP configuration against "
                   "the best of every other configuration:", ""]
@@ -338,17 +328,12 @@ def markdown(report) -> str:
 
 def write(report, out):
     """Targets, picks and both files (JSON, markdown), atomically."""
-    from hmgraph.cache.format import atomic_path
-
     selected = select_on_validation(report["records"])
     report["targets"] = targets(report["records"],
                                 report["config"]["datasets"], selected)
     report["selected"] = [{"dataset": d, "model": f, **v}
                           for (d, f), v in selected.items()]
-    with atomic_path(out) as tmp:
-        tmp.write_text(json.dumps(report, indent=1))
-    with atomic_path(out.with_suffix(".md")) as tmp:
-        tmp.write_text(markdown(report))
+    common.write_results(report, markdown(report), out)
 
 
 SETTINGS = ("folds", "epochs", "patience", "batch_size", "hidden", "lr",
@@ -367,7 +352,10 @@ def merge(paths):
     reports = [json.loads(Path(p).read_text()) for p in paths]
     base = reports[0]
     config = dict(base["config"], folds_run=dict(base["config"]["folds_run"]))
+    commits = [r.get("commit") for r in reports]
     merged = {"config": config, "records": [],
+              "commit": commits[0] if all(c == commits[0] for c in commits)
+              else {"sha": None, "dirty": None, "merged": commits},
               "note": base.get("note", ""),
               "environment": base.get("environment", {}),
               "wall_seconds": 0.0, "merged_from": [str(p) for p in paths]}
@@ -442,6 +430,9 @@ def main(argv=None) -> int:
         report = merge(args.merge) if args.merge else json.loads(
             Path(args.out).read_text())
         report["note"] = args.note or report.get("note", "")
+        # The commit of the runs, not of this rendering (unknown: None).
+        report["commit"] = report.get("commit") or {"sha": None,
+                                                    "dirty": None}
         write(report, Path(args.out))
         print(markdown(report))
         return 0
@@ -452,9 +443,8 @@ def main(argv=None) -> int:
     config = {k: getattr(args, k) for k in (*SETTINGS, "workers", "root")}
     config.update(datasets=datasets, models=models, folds_run={
         d: min(folds_run(d), args.folds) for d in datasets})
-    report = {"config": config, "records": [], "note": args.note,
-              "environment": {"python": platform.python_version(),
-                              "cpus": os.cpu_count()}}
+    report = {"commit": common.commit(), "config": config, "records": [],
+              "note": args.note, "environment": common.environment()}
     jobs = sorted(((d, m) for d in datasets for m in models),
                   key=lambda job: -COST.get(job[0], 1.0))
     threads = 1 if args.workers > 1 else max(1, os.cpu_count() or 1)

@@ -1,43 +1,65 @@
-"""``hmgraph bench``: every configuration side by side, one table.
+"""``hmgraph bench`` and the baselines every benchmark shares.
 
-Each configuration trains the same model for the same epochs in its own
-process (so its peak resident memory is its own) and reports epoch seconds
-and their ratio to DGL's in-memory loader, seconds per stage, hit rates per
-tier, storage and host-to-device bytes, peak memory and test accuracy.
+``hmgraph bench`` trains the same model for the same epochs under every
+configuration, each in its own process (so its peak resident memory is its
+own), and reports epoch seconds and their ratio to DGL's in-memory loader
+with the configuration's construction seconds beside it (and the ratio
+amortized over `AMORTIZE_EPOCHS`), seconds per stage, hit rates per tier,
+storage and host-to-device bytes, peak memory and test accuracy.
 
-Configurations: DGL's ``DataLoader`` with features in memory; DGL's loader
-reading the feature file through ``numpy.memmap`` with the page cache
-dropped before every batch (``posix_fadvise`` DONTNEED: a cold page cache);
-then hmgraph with features on disk and each cache policy, ``hmgraph`` with
-two-level reuse, and that with cluster sampling and renumbering.
+Configurations: DGL's ``DataLoader`` with its defaults and the features in
+memory; the same loader gathering rows from an ``np.memmap`` of the
+feature file, its pages dropped once before each epoch (outside the
+timing); then hmgraph with features on disk and each cache policy,
+``hmgraph`` with two-level reuse, and that with cluster sampling and
+renumbering.
+
+The second half of this module is the harness the ``bench/`` scripts
+share through ``bench/common.py``: `dgl_epoch` (the one DGL baseline),
+`hmgraph_epoch`, `isolated`, peak memory sampled with psutil, `commit`,
+`write_results` and `markdown_table`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import mmap
+import multiprocessing as mp
 import os
-import resource
 import subprocess
-import sys
+import threading
 import time
+import traceback
+from functools import cache
 from pathlib import Path
 
+import numpy as np
+import psutil
 import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CONFIGS", "ConfigurationFailed", "run", "run_one"]
+__all__ = [
+    "AMORTIZE_EPOCHS", "CONFIGS", "DGL_WORKERS", "DROPOUT", "LR",
+    "ConfigurationFailed",
+    "amortized", "commit", "dgl_epoch", "drop_page_cache", "hmgraph_epoch",
+    "isolated", "markdown_table", "new_model", "open_memmap",
+    "peak_rss_bytes", "progress", "read_bytes", "run", "run_one",
+    "train_step", "watch_memory", "write_results",
+]
 
-
-class ConfigurationFailed(Exception):
-    """One configuration's process failed; carries its stderr."""
-
-    def __init__(self, name: str, stderr: str):
-        super().__init__(f"configuration {name} failed")
-        self.name = name
-        self.stderr = stderr
+#: DGL ``DataLoader(num_workers=...)`` of every DGL baseline: DGL's
+#: default. Its CPU prefetch (``num_workers=1``, two batches ahead) was
+#: slower on this 2-core machine: 0.60 s against 0.31 s an epoch of 8
+#: batches of 128 on synth-tiny, 6.9 s against 5.7 s for 10 batches of
+#: 1024 on synth-small (bench/README.md).
+DGL_WORKERS = 0
+#: Epochs a configuration's construction is amortized over in reports.
+AMORTIZE_EPOCHS = 10
+LR, DROPOUT = 0.003, 0.5
 
 _HMGRAPH = {"features_on": "disk"}
 CONFIGS = {
@@ -57,28 +79,47 @@ CONFIGS = {
 }
 
 
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+class ConfigurationFailed(RuntimeError):
+    """One configuration's process failed; ``stderr`` holds its trace."""
+
+    def __init__(self, name: str, stderr: str):
+        last = (stderr.strip().splitlines() or [""])[-1]
+        super().__init__(f"configuration {name} failed: {last}")
+        self.name = name
+        self.stderr = stderr
+
+
+# --------------------------------------------------------------------------
+# hmgraph bench
 
 
 def run_one(name: str, settings: dict) -> dict:
     """Train one configuration; return its row of the table."""
-    from hmgraph.train import TrainConfig, train
+    import hmgraph.samplers.cluster as clustering
+    import hmgraph.train as training
 
+    watch_memory()
     overrides = CONFIGS[name]
-    config = TrainConfig(**{k: v for k, v in settings.items()
-                            if k in TrainConfig.__dataclass_fields__})
+    config = training.TrainConfig(**{
+        k: v for k, v in settings.items()
+        if k in training.TrainConfig.__dataclass_fields__})
     if "dgl" in overrides:
-        result = _dgl_run(config, overrides["dgl"])
+        result, built = _dgl_run(config, overrides["dgl"]), {}
     else:
         for key, value in overrides.items():
             setattr(config, key, value)
         config.out = str(Path(settings["work"]) / name)
-        result = train(config)
+        # Construction: METIS, the layout and renumbering (train's own
+        # record), profiling, plan and static fill (`make_loader`).
+        with _timed({"metis": (clustering, "metis_clusters"),
+                     "loader": (training, "make_loader")}) as built:
+            result = training.train(config)
+        built["layout"] = result["layout"]["seconds"]
     epochs = [e for r in result["runs"] for e in r["epochs"]]
     last = epochs[-1]
     loader = last.get("loader", {})
     cache = loader.get("cache", {})
+    storage = loader.get("storage") or {}
 
     def mean(key: str) -> float:
         return sum(e["seconds"].get(key, 0.0) for e in epochs) / len(epochs)
@@ -86,102 +127,80 @@ def run_one(name: str, settings: dict) -> dict:
     return {
         "name": name,
         "epoch_seconds": mean("epoch"),
+        "construct_seconds": sum(built.values(), 0.0),
+        "construct": built,
         "seconds": {k: mean(k) for k in ("sample", "fetch", "wait",
                                          "train")},
         "hit_rate": cache.get("hit_rate", {}),
-        "storage_bytes": (loader.get("storage") or {}).get("bytes_read",
-                                                           0),
-        "storage_requests": (loader.get("storage") or {}).get(
-            "io_requests", 0),
-        "amplification": (loader.get("storage") or {}).get(
-            "amplification"),
+        "storage_bytes": storage.get("bytes_read", 0),
+        "storage_requests": storage.get("io_requests", 0),
+        "amplification": storage.get("amplification"),
         "host_to_device_bytes": cache.get("bytes", {}).get(
             "host->device", last.get("host_to_device_bytes", 0)),
         "reuse_rate": (loader.get("reuse") or {}).get("reuse_rate", 0.0),
-        "peak_rss_mb": _peak_rss_mb(),
+        "peak_rss_mb": peak_rss_bytes() / 2**20,
         "test": result["summary"]["test_mean"],
         "plan": result.get("plan"),
     }
 
 
+@contextlib.contextmanager
+def _timed(functions: dict):
+    """Seconds spent, while inside, in each ``{key: (module, name)}``
+    function, called through its module."""
+    seconds = dict.fromkeys(functions, 0.0)
+    originals = {key: getattr(*where) for key, where in functions.items()}
+
+    def wrap(key, function):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                seconds[key] += time.perf_counter() - start
+        return timed
+
+    for key, (module, name) in functions.items():
+        setattr(module, name, wrap(key, originals[key]))
+    try:
+        yield seconds
+    finally:
+        for key, (module, name) in functions.items():
+            setattr(module, name, originals[key])
+
+
 def _dgl_run(config, features_kind: str) -> dict:
-    """DGL's own loader and the same model, features in memory or memmap."""
+    """`dgl_epoch` for ``config.epochs`` epochs, evaluated after each."""
     import dgl
-    import numpy as np
-    import torch.nn.functional as F
 
     from hmgraph import datasets
-    from hmgraph.cache.format import open_feature_file
-    from hmgraph.models import build_model, layerwise_inference
+    from hmgraph.models import layerwise_inference
 
     data = datasets.load(config.dataset, config.root, config.verify)
-    torch.manual_seed(config.seed)
-    dgl.seed(config.seed)
-    model = build_model(config.model, data.feat_dim, config.hidden,
-                        data.num_classes, num_layers=config.layers,
-                        dropout=config.dropout)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    model, optimizer = new_model(data, config.hidden, len(config.fanouts),
+                                 config.seed, config.model, config.lr,
+                                 config.dropout)
     sampler = dgl.dataloading.NeighborSampler(config.fanouts)
-    loader = dgl.dataloading.DataLoader(
-        data.graph, data.split["train"], sampler,
-        batch_size=config.batch_size, shuffle=True)
-    fd = -1
-    if features_kind == "memmap":
-        _, rows = open_feature_file(data.feature_path)
-        fd = os.open(data.feature_path, os.O_RDONLY)
-    else:
-        rows = data.features
+    memmap = features_kind == "memmap"
+    rows = open_memmap(data.feature_path) if memmap else data.features
     epochs, best_valid, test = [], -1.0, 0.0
-    try:
-        for _ in range(config.epochs):
-            seconds = {"sample": 0.0, "fetch": 0.0, "train": 0.0}
-            moved = 0
-            start = time.perf_counter()
-            iterator = iter(loader)
-            while True:
-                began = time.perf_counter()
-                batch = next(iterator, None)
-                if batch is None:
-                    break
-                input_nodes, output_nodes, blocks = batch
-                fetched = time.perf_counter()
-                seconds["sample"] += fetched - began
-                if fd >= 0:  # a cold page cache for every batch: unmap
-                    # the map's pages, then drop them from the page cache
-                    rows._mmap.madvise(mmap.MADV_DONTNEED)
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                    fetched = time.perf_counter()
-                    x = torch.from_numpy(np.ascontiguousarray(
-                        rows[input_nodes.numpy()]))
-                else:
-                    x = rows[input_nodes]
-                y = data.labels[output_nodes]
-                trained = time.perf_counter()
-                seconds["fetch"] += trained - fetched
-                moved += x.numel() * x.element_size()
-                loss = F.cross_entropy(model(blocks, x), y)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                seconds["train"] += time.perf_counter() - trained
-            seconds["epoch"] = time.perf_counter() - start
-            logits = layerwise_inference(model, data.graph, data.features)
-            valid = data.evaluate(logits, "valid")
-            if valid > best_valid:
-                best_valid, test = valid, data.evaluate(logits, "test")
-            epochs.append({"seconds": seconds,
-                           "host_to_device_bytes": moved})
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    return {"runs": [{"epochs": epochs}],
-            "summary": {"test_mean": test}}
+    for epoch in range(config.epochs):
+        record = dgl_epoch(
+            data.graph, data.split["train"], sampler, rows, data.labels,
+            model, optimizer, batch_size=config.batch_size,
+            seed=config.seed + epoch, progress_bar=False,
+            cold=data.feature_path if memmap else None)
+        logits = layerwise_inference(model, data.graph, data.features)
+        valid = data.evaluate(logits, "valid")
+        if valid > best_valid:
+            best_valid, test = valid, data.evaluate(logits, "test")
+        epochs.append({"seconds": record["seconds"],
+                       "host_to_device_bytes": record["input_bytes"]})
+    return {"runs": [{"epochs": epochs}], "summary": {"test_mean": test}}
 
 
 def run(args) -> list[dict]:
     """Run every configuration in its own process; write JSON/md/PNG."""
-    from hmgraph.cache.format import atomic_path
-
     settings = {
         "dataset": args.dataset, "root": args.root, "fanouts": args.fanouts,
         "batch_size": args.batch_size, "epochs": args.epochs,
@@ -195,65 +214,62 @@ def run(args) -> list[dict]:
     if unknown:
         raise ValueError(f"unknown configuration {unknown[0]!r}; "
                          f"available: {', '.join(CONFIGS)}")
-    rows = []
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"bench-{args.dataset}"
+    epochs = getattr(args, "amortize_epochs", None) or AMORTIZE_EPOCHS
+    result = {"commit": commit(), "settings": settings,
+              "amortize_epochs": epochs, "rows": []}
+    path = Path(args.out) / f"bench-{args.dataset}.json"
     for name in names:
         log.info("bench: %s", name)
-        command = [sys.executable, "-m", "hmgraph.benchmark", name,
-                   json.dumps(settings)]
-        proc = subprocess.run(command, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise ConfigurationFailed(name, proc.stderr)
-        rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        table = format_table(rows, args)
-        with atomic_path(out / f"{stem}.json") as tmp:
-            tmp.write_text(json.dumps({"settings": settings,
-                                       "rows": rows}, indent=1))
-        with atomic_path(out / f"{stem}.md") as tmp:
-            tmp.write_text(table + "\n")
-    _plot(rows, out / f"{stem}.png")
+        try:
+            result["rows"].append(isolated(run_one, name, settings))
+        except ConfigurationFailed as failure:
+            raise ConfigurationFailed(name, failure.stderr) from None
+        table = format_table(result["rows"], args, epochs)
+        write_results(result, table + "\n", path)
+    _plot(result["rows"], path.with_suffix(".png"))
     print(table)
-    return rows
+    return result["rows"]
 
 
-def format_table(rows: list[dict], args) -> str:
+def format_table(rows: list[dict], args, epochs: int) -> str:
     """The side-by-side markdown table."""
     from hmgraph.cache.budget import format_bytes
 
     base = next((r["epoch_seconds"] for r in rows
                  if r["name"] == "dgl-memory"), None)
-    lines = [
+    table = []
+    for row in rows:
+        s, hits = row["seconds"], row["hit_rate"]
+        built = row.get("construct_seconds", 0.0)
+        table.append([
+            row["name"], row["epoch_seconds"],
+            f"{row['epoch_seconds'] / base:.2f}x" if base else "-", built,
+            f"{amortized(built, row['epoch_seconds'], base, epochs):.2f}x"
+            if base else "-",
+            s["sample"], s["fetch"], s["wait"], s["train"],
+            f"{hits.get('device', 0):.1%}", f"{hits.get('host', 0):.1%}",
+            format_bytes(row["storage_bytes"]),
+            row.get("storage_requests") or "-", row.get("amplification"),
+            format_bytes(row["host_to_device_bytes"]),
+            round(row["peak_rss_mb"]), f"{row['test']:.4f}"])
+    return "\n".join([
         f"# hmgraph bench: {args.dataset}", "",
         f"fanouts {','.join(map(str, args.fanouts))}, batch "
         f"{args.batch_size}, {args.epochs} epoch(s), device budget "
         f"{args.device_budget}, host budget {args.host_budget}; hmgraph "
-        f"configurations read features from disk with O_DIRECT.", "",
-        "| config | epoch s | vs DGL in-memory | sample s | fetch s "
-        "(incl. transfer) | "
-        "wait s | train s | device hit | host hit | storage read | "
-        "storage requests | read amplification | "
-        "host->device | peak RSS MB | test acc |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:"
-        "|---:|---:|",
-    ]
-    for row in rows:
-        s = row["seconds"]
-        ratio = f"{row['epoch_seconds'] / base:.2f}x" if base else "-"
-        hits = row["hit_rate"]
-        lines.append(
-            f"| {row['name']} | {row['epoch_seconds']:.2f} | {ratio} | "
-            f"{s['sample']:.2f} | {s['fetch']:.2f} | {s['wait']:.2f} | "
-            f"{s['train']:.2f} | {hits.get('device', 0):.1%} | "
-            f"{hits.get('host', 0):.1%} | "
-            f"{format_bytes(row['storage_bytes'])} | "
-            f"{row.get('storage_requests') or '-'} | "
-            + (f"{row['amplification']:.2f}" if row.get("amplification")
-               else "-")
-            + f" | {format_bytes(row['host_to_device_bytes'])} | "
-            f"{row['peak_rss_mb']:.0f} | {row['test']:.4f} |")
-    return "\n".join(lines)
+        f"configurations read features from disk with O_DIRECT; DGL's "
+        f"loader with its defaults (num_workers={DGL_WORKERS}), the memmap's "
+        f"pages dropped once before each epoch. Construct s: METIS, "
+        f"layout, profiling, plan and static fill, outside the epoch; "
+        f"amortized: (construct + {epochs} epochs) / {epochs} DGL "
+        f"in-memory epochs.", "",
+        markdown_table(
+            ["config", "epoch s", "vs DGL in-memory", "construct s",
+             f"vs DGL amortized over {epochs} epochs", "sample s",
+             "fetch s (incl. transfer)", "wait s", "train s", "device hit",
+             "host hit", "storage read", "storage requests",
+             "read amplification", "host->device", "peak RSS MB",
+             "test acc"], table)])
 
 
 def _plot(rows: list[dict], path: Path) -> None:
@@ -279,7 +295,368 @@ def _plot(rows: list[dict], path: Path) -> None:
     plt.close(figure)
 
 
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING)
-    row = run_one(sys.argv[1], json.loads(sys.argv[2]))
-    print(json.dumps(row))
+# --------------------------------------------------------------------------
+# The shared harness: baselines
+
+
+def new_model(data, hidden: int, layers: int, seed: int, model="sage",
+              lr: float = LR, dropout: float = DROPOUT):
+    """A seeded model and its Adam optimizer, the same for every run."""
+    import dgl
+
+    from hmgraph.models import build_model
+
+    torch.manual_seed(seed)
+    dgl.seed(seed)
+    net = build_model(model, data.feat_dim, hidden, data.num_classes,
+                      num_layers=layers, dropout=dropout)
+    return net, torch.optim.Adam(net.parameters(), lr=lr)
+
+
+def train_step(model, optimizer, blocks, x, y) -> float:
+    """Forward, cross-entropy loss, backward and step; the loss."""
+    import torch.nn.functional as F
+
+    loss = F.cross_entropy(model(blocks, x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return float(loss)
+
+
+def open_memmap(path, random: bool = False) -> np.memmap:
+    """The feature file's rows as ``np.memmap``, as a DGL user maps them.
+
+    ``random`` also tells the kernel the access is random
+    (``madvise(MADV_RANDOM)``): a page fault then reads its page alone
+    instead of the device's read-ahead window.
+    """
+    from hmgraph.cache.format import open_feature_file
+
+    rows = open_feature_file(path)[1]
+    if random:
+        rows._mmap.madvise(mmap.MADV_RANDOM)
+    return rows
+
+
+def drop_page_cache(path, rows: np.memmap | None = None) -> None:
+    """Evict ``path``'s pages from memory (no root needed).
+
+    ``rows``, a map of the file, releases its pages first
+    (``madvise(MADV_DONTNEED)``): ``posix_fadvise(DONTNEED)`` alone keeps
+    every page a map still holds.
+    """
+    if getattr(rows, "_mmap", None) is not None:
+        rows._mmap.madvise(mmap.MADV_DONTNEED)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def dgl_epoch(graph, seeds, sampler, features, labels, model=None,
+              optimizer=None, *, batch_size: int, seed: int = 0,
+              max_batches: int = 0, max_seconds: float = 0.0,
+              num_workers: int = DGL_WORKERS, cold=None, desc: str = "dgl",
+              progress_bar: bool = True) -> dict:
+    """One epoch of DGL's own loader, as a DGL user writes it.
+
+    ``dgl.dataloading.DataLoader(graph, seeds, sampler, batch_size,
+    shuffle=True, num_workers=num_workers)``, every other keyword at DGL's
+    default; rows gathered with ``features[input_nodes]`` from a tensor in
+    memory or an ``np.memmap``, labels likewise.
+
+    Parameters
+    ----------
+    model, optimizer : optional
+        The model step (`train_step`); without them the loader alone is
+        timed (sample + gather), the regime of a GPU trainer.
+    seed : int
+        Seeds torch and DGL before the loader is built.
+    max_batches : int
+        Stop after this many batches (0: the whole epoch).
+    max_seconds : float
+        Stop after the batch that ends past this many seconds (0: no cap);
+        ``capped`` says whether it did.
+    cold : path, optional
+        The feature file: its pages (and ``features``' map's) are dropped
+        once before the epoch, outside its seconds (``seconds["drop"]``).
+
+    Returns
+    -------
+    dict
+        ``batches``, ``epoch_batches`` (of a whole epoch),
+        ``input_rows``, ``output_rows``, ``input_bytes``,
+        ``seconds`` (``drop``, ``sample``, ``fetch``, ``train``,
+        ``epoch``), ``seconds_per_batch``, ``first_sample_seconds``,
+        ``mean_loss``, ``capped`` and ``read_bytes`` from block devices.
+    """
+    import dgl
+
+    seconds = dict.fromkeys(("drop", "sample", "fetch", "train"), 0.0)
+    if cold is not None:
+        start = time.perf_counter()
+        drop_page_cache(cold, features)
+        seconds["drop"] = time.perf_counter() - start
+    torch.manual_seed(seed)
+    dgl.seed(seed)
+    loader = dgl.dataloading.DataLoader(graph, seeds, sampler,
+                                        batch_size=batch_size, shuffle=True,
+                                        num_workers=num_workers)
+    total = min(max_batches or len(loader), len(loader))
+    memmap = isinstance(features, np.ndarray)
+    if model is not None:
+        model.train()
+    n = {"batches": 0, "input_rows": 0, "output_rows": 0, "input_bytes": 0}
+    loss, first, capped = 0.0, None, False
+    before = read_bytes()
+    bar = progress(total, desc, progress_bar)
+    start = time.perf_counter()
+    batches = iter(loader)
+    while n["batches"] < total:
+        if max_seconds and time.perf_counter() - start > max_seconds:
+            capped = True
+            break
+        t0 = time.perf_counter()
+        input_nodes, output_nodes, blocks = next(batches)
+        t1 = time.perf_counter()
+        x = torch.from_numpy(features[input_nodes.numpy()]) if memmap \
+            else features[input_nodes]
+        y = labels[output_nodes]
+        t2 = time.perf_counter()
+        if model is not None:
+            loss += train_step(model, optimizer, blocks, x, y)
+        t3 = time.perf_counter()
+        first = t1 - t0 if first is None else first
+        seconds["sample"] += t1 - t0
+        seconds["fetch"] += t2 - t1
+        seconds["train"] += t3 - t2
+        n["batches"] += 1
+        n["input_rows"] += int(input_nodes.numel())
+        n["output_rows"] += int(output_nodes.numel())
+        n["input_bytes"] += x.numel() * x.element_size()
+        bar.update(1)
+    seconds["epoch"] = time.perf_counter() - start
+    bar.close()
+    del batches
+    return dict(n, seconds=seconds, capped=capped, epoch_batches=len(loader),
+                seconds_per_batch=seconds["epoch"] / max(n["batches"], 1),
+                first_sample_seconds=first or 0.0,
+                mean_loss=loss / max(n["batches"], 1),
+                read_bytes=read_bytes() - before)
+
+
+def hmgraph_epoch(loader, model=None, optimizer=None, *,
+                  max_batches: int = 0, desc: str = "hmgraph",
+                  progress_bar: bool = True) -> dict:
+    """One epoch of an `hmgraph.DataLoader`, timed like `dgl_epoch`.
+
+    The loader's counters are reset first; without a model the loader
+    alone is timed. Returns `dgl_epoch`'s keys (``seconds`` adds the
+    loader's ``wait``; ``sample`` and ``fetch`` run in its threads) and
+    ``stats``, the loader's counters.
+    """
+    loader.stats.reset()
+    total = min(max_batches or len(loader), len(loader))
+    if model is not None:
+        model.train()
+    train = loss = 0.0
+    batches = rows = 0
+    before = read_bytes()
+    bar = progress(total, desc, progress_bar)
+    start = time.perf_counter()
+    for batch in loader:
+        step = time.perf_counter()
+        if model is not None:
+            loss += train_step(model, optimizer, batch.blocks, batch.x,
+                               batch.y)
+        train += time.perf_counter() - step
+        batches += 1
+        rows += int(batch.input_nodes.numel())
+        bar.update(1)
+        if max_batches and batches == total:
+            break
+    seconds = {"epoch": time.perf_counter() - start}
+    bar.close()
+    stats = loader.stats.as_dict()
+    seconds.update(stats["seconds"], train=train)
+    return {"batches": batches, "epoch_batches": len(loader),
+            "input_rows": rows, "seconds": seconds,
+            "seconds_per_batch": seconds["epoch"] / max(batches, 1),
+            "mean_loss": loss / max(batches, 1), "capped": False,
+            "read_bytes": read_bytes() - before, "stats": stats}
+
+
+def amortized(construct: float, epoch: float, base: float | None,
+              epochs: int = AMORTIZE_EPOCHS) -> float | None:
+    """``(construct + epochs x epoch) / (epochs x base)``; None without a
+    base."""
+    if not base or not epochs:
+        return None
+    return (construct + epochs * epoch) / (epochs * base)
+
+
+# --------------------------------------------------------------------------
+# The shared harness: processes, memory, results
+
+
+def isolated(function, *args, timeout: float | None = None, **kwargs):
+    """``function(*args, **kwargs)`` in a fresh process; its return value.
+
+    ``spawn``: the child imports anew and shares no memory; its peak
+    memory is sampled from its start (`watch_memory`). An exception in the
+    child, its death (the OOM killer's SIGKILL), or a child still running
+    after ``timeout`` seconds (then killed, e.g. a memmap gather stuck in
+    page faults) raises `ConfigurationFailed` here with the child's
+    traceback, exit code or block-device reads.
+    """
+    context = mp.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_child,
+                            args=(send, function, args, kwargs))
+    child.start()
+    send.close()
+    name = function.__name__
+    try:
+        if not receive.poll(timeout):
+            read = psutil.Process(child.pid).io_counters().read_bytes
+            child.kill()
+            child.join()
+            raise ConfigurationFailed(
+                name, f"killed after its limit of {timeout:.0f} s, having "
+                f"read {read / 1e9:.1f} GB from block devices")
+        ok, value = receive.recv()
+    except EOFError:
+        child.join()
+        raise ConfigurationFailed(
+            name, f"died with exit code {child.exitcode} (-9: killed, e.g. "
+            f"by the OOM killer)") from None
+    child.join()
+    if not ok:
+        raise ConfigurationFailed(name, value)
+    return value
+
+
+def _child(send, function, args, kwargs) -> None:
+    watch_memory()
+    try:
+        send.send((True, function(*args, **kwargs)))
+    except Exception:  # noqa: BLE001 - carried to the parent
+        send.send((False, traceback.format_exc()))
+    finally:
+        send.close()
+
+
+_peak = {"bytes": 0, "thread": None}
+
+
+def watch_memory(interval: float = 0.01) -> None:
+    """Sample this process's resident memory (psutil) every ``interval``
+    seconds from now on, in a daemon thread; idempotent.
+
+    psutil has no peak on Linux, and ``ru_maxrss`` of a spawned process
+    starts at its parent's peak: a child of a 300 MB parent reports 300
+    MB. A peak sampled here misses spikes shorter than ``interval``.
+    """
+    if _peak["thread"] is not None:
+        return
+    process = psutil.Process()
+
+    def sample() -> None:
+        while True:
+            _peak["bytes"] = max(_peak["bytes"], process.memory_info().rss)
+            time.sleep(interval)
+
+    _peak["thread"] = threading.Thread(target=sample, daemon=True,
+                                       name="peak-rss")
+    _peak["thread"].start()
+
+
+def peak_rss_bytes() -> int:
+    """Most resident memory seen since `watch_memory` (started here if
+    not yet)."""
+    watch_memory()
+    _peak["bytes"] = max(_peak["bytes"], psutil.Process().memory_info().rss)
+    return _peak["bytes"]
+
+
+def read_bytes() -> int:
+    """Bytes this process has had read from block devices."""
+    return int(psutil.Process().io_counters().read_bytes)
+
+
+def progress(total: int, desc: str, enabled: bool = True):
+    """A progress bar on stderr that leaves no line behind."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="batch", leave=False,
+                mininterval=2.0, disable=not enabled)
+
+
+@cache
+def commit() -> dict:
+    """The commit of this checkout (``git rev-parse HEAD``) and ``dirty``:
+    whether tracked or untracked files differ from it, results folders
+    left out. Taken once per process; None where git cannot tell."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=root, text=True,
+                                  capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    sha = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--", ".",
+                 ":(exclude)bench/results") if sha else None
+    return {"sha": sha, "dirty": None if status is None else bool(status)}
+
+
+def write_results(result: dict, markdown: str, path) -> Path:
+    """Write ``result`` to ``path`` (JSON) and ``markdown`` beside it
+    (``.md``), each atomically, both naming the commit that wrote them.
+
+    ``result["commit"]`` is set to `commit` unless present; the markdown's
+    second line names it. Returns the JSON's path.
+    """
+    from hmgraph.cache.format import atomic_path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    result.setdefault("commit", commit())
+    sha, dirty = result["commit"]["sha"], result["commit"]["dirty"]
+    line = (f"Written by commit `{sha}`"
+            + (" with uncommitted changes" if dirty else "") + "."
+            if sha else "Commit unknown (not recorded, or no git checkout).")
+    head, _, rest = markdown.partition("\n")
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+    with atomic_path(path.with_suffix(".md")) as tmp:
+        tmp.write_text(f"{head}\n\n{line}\n{rest}")
+    return path
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    """A markdown table; None shown as ``-``, floats to 3 significant
+    digits (at most 3 decimals), columns whose first cell reads as a
+    number right-aligned."""
+    def cell(value) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            digits = 2 - math.floor(math.log10(abs(value))) if value else 0
+            return f"{value:,.{min(3, max(0, digits))}f}"
+        if isinstance(value, int) and not isinstance(value, bool):
+            return f"{value:,}"
+        return str(value)
+
+    first = [cell(v) for v in rows[0]] if rows else []
+    align = ["---:" if text[:1] in "0123456789-+." else "---"
+             for text in first] or ["---"] * len(headers)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)

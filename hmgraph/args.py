@@ -31,7 +31,10 @@ __all__ = [
     "non_negative_int",
     "parse_budget_shares",
     "parse_fanouts",
+    "positive_float",
     "positive_int",
+    "non_negative_float",
+    "device_name",
     "unit_interval",
 ]
 
@@ -105,6 +108,51 @@ def positive_int(text: str) -> int:
         ``'-4' is not a positive integer``.
     """
     return _checked(int, text, 1, None, True, "a positive integer")
+
+
+def positive_float(text: str) -> float:
+    """Parse a number above 0 (a learning rate).
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        ``'-1' is not a positive number``.
+    """
+    value = _checked(float, text, 0.0, None, True, "a positive number")
+    if value == 0.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """Parse a number of at least 0 (a weight decay).
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        ``'-1' is not a non-negative number``.
+    """
+    return _checked(float, text, 0.0, None, True, "a non-negative number")
+
+
+def device_name(text: str) -> str:
+    """Check a torch device string (``cpu``, ``cuda``, ``cuda:N``).
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        ``'bogus' is not a device: cpu, cuda or cuda:N``.
+    """
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a device: cpu, cuda or cuda:N")
+    return text
 
 
 def non_negative_int(text: str) -> int:

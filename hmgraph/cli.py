@@ -12,10 +12,13 @@ import sys
 
 from hmgraph.args import (
     add_workload_arguments,
+    device_name,
     fraction,
+    non_negative_float,
     non_negative_int,
     parse_budget_shares,
     parse_fanouts,
+    positive_float,
     positive_int,
     unit_interval,
 )
@@ -68,14 +71,15 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="number of layers; must match the fanouts "
                        "(a single fanout is repeated)")
     train.add_argument("--dropout", type=fraction, default=0.5)
-    train.add_argument("--lr", type=float, default=0.003)
-    train.add_argument("--weight-decay", type=float, default=0.0)
+    train.add_argument("--lr", type=positive_float, default=0.003)
+    train.add_argument("--weight-decay", type=non_negative_float,
+                       default=0.0)
     train.add_argument("--num-heads", type=positive_int, default=4,
                        help="attention heads (gat)")
     train.add_argument("--epochs", type=positive_int, default=5)
     train.add_argument("--runs", type=positive_int, default=1)
     train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--device", default="cpu",
+    train.add_argument("--device", type=device_name, default="cpu",
                        help="cpu, cuda or cuda:N")
     train.add_argument("--eval-every", type=positive_int, default=1)
     train.add_argument("--eval", default="auto",
@@ -247,6 +251,7 @@ def _train_command(args) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise CliError(f"--device {args.device}: no CUDA device here; "
                        f"use --device cpu")
+    _check_out(args.out or f"runs/{args.dataset}-{args.model}")
     config = TrainConfig(
         dataset=args.dataset, root=args.root, model=args.model,
         fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
@@ -268,6 +273,23 @@ def _train_command(args) -> int:
     result = train(config)
     print(format_result(result))
     return 0
+
+
+def _check_out(out: str) -> None:
+    """Refuse an --out that cannot become a folder, before any loading."""
+    import os
+    from pathlib import Path
+
+    path = Path(out).absolute()
+    if path.exists() and not path.is_dir():
+        raise CliError(f"--out {out} is a file; give a folder")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise CliError(f"--out {out}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CliError(f"--out {out}: cannot write under {parent}")
 
 
 def _disk_command(args) -> int:
@@ -302,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                 "train-dist": distributed.train_dist_command}
     try:
         return commands[args.command](args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:
         message = str(err).strip().splitlines()[0] if str(err) else repr(err)
         print(f"hmgraph {args.command}: error: {message}", file=sys.stderr)
         return 2

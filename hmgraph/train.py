@@ -170,17 +170,24 @@ def train(config: TrainConfig, dataset=None) -> dict:
     """
 
     from hmgraph import datasets
+    from hmgraph.cache.budget import parse_budget
 
     if config.eval not in ("auto", "layerwise", "sampled"):
         raise ValueError(f"eval must be auto, layerwise or sampled, got "
                          f"{config.eval!r}")
     resolve_layout(config)  # a bad layout fails before any loading
+    for name in ("device_budget", "host_budget"):  # and a bad budget
+        text = getattr(config, name)
+        if text != "auto":
+            try:
+                parse_budget(text, 1)
+            except ValueError as err:
+                raise ValueError(f"{name.replace('_', ' ')}: {err}") from None
     if dataset is None:
         dataset = datasets.load(config.dataset, config.root, config.verify,
                                 features_on=config.features_on,
                                 progress=config.progress)
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
     checkpoint_path = out / "checkpoint.pt"
     state = _load_checkpoint(checkpoint_path, config) if config.resume \
         else None
@@ -189,6 +196,7 @@ def train(config: TrainConfig, dataset=None) -> dict:
     dataset, sampler, layout, profile = _prepare(config, dataset)
     log.info("%s", dataset)
     loader, memory = make_loader(config, dataset, sampler, device, profile)
+    out.mkdir(parents=True, exist_ok=True)  # once every setting fitted
     eval_mode = resolve_eval(config, dataset, loader)
     log.info("evaluation: %s", eval_mode)
     metric = dataset.evaluator.eval_metric

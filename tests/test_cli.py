@@ -58,7 +58,39 @@ BAD_ARGS = {
     "layers-mismatch": (["--fanouts", "5,5", "--layers", "3"],
                         ["--layers 3 does not match --fanouts 5,5"]),
     "bad-batch-size": (["--batch-size", "-4"], ["'-4' is not a positive"]),
+    "negative-lr": (["--lr", "-1"],
+                    ["argument --lr: '-1' is not a positive number"]),
+    "negative-weight-decay": (["--weight-decay", "-2"],
+                              ["argument --weight-decay: '-2' is not a "
+                               "non-negative number"]),
+    "bogus-device": (["--device", "bogus"],
+                     ["'bogus' is not a device: cpu, cuda or cuda:N"]),
+    "budget-over-100": (["--device-budget", "150%"],
+                        ["device budget: budget '150%' is more than 100%"]),
 }
+
+
+def test_bad_paths_fail_before_loading(capsys, data_root, tmp_path):
+    """--out or --root naming a file, an unparsable budget: one line, and
+    no output folder left behind."""
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    base = ["train", "--dataset", "synth-tiny", "--root", str(data_root),
+            "--epochs", "1"]
+    assert_one_line_error(run_main(capsys, *base, "--out", str(file)),
+                          f"--out {file} is a file; give a folder")
+    assert_one_line_error(
+        run_main(capsys, *base, "--out", str(file / "sub")),
+        f"{file} is a file, not a folder")
+    out = tmp_path / "never-made"
+    assert_one_line_error(
+        run_main(capsys, "train", "--dataset", "synth-tiny", "--root",
+                 str(file), "--out", str(out)),
+        "is a file, not a folder; pass a folder as --root")
+    assert_one_line_error(
+        run_main(capsys, *base, "--host-budget", "lots", "--out", str(out)),
+        "host budget:")
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("args,fragments", BAD_ARGS.values(),

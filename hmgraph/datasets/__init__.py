@@ -108,6 +108,9 @@ def load(
         raise DatasetError(
             f"features_on must be 'memory' or 'disk', got {features_on!r}"
         )
+    if root.exists() and not root.is_dir():
+        raise DatasetError(f"dataset root {str(root)!r} is a file, not a "
+                           f"folder; pass a folder as --root")
     if not root.is_dir():
         raise DatasetError(
             f"dataset root {str(root)!r} does not exist; create it "

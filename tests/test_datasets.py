@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
+from readonly import read_only_copy, tree_state
 
 from hmgraph import datasets
 from hmgraph.cache.format import open_feature_file
@@ -70,8 +73,16 @@ def test_feature_file_equals_features(tiny):
     np.testing.assert_array_equal(rows, tiny.features.numpy())
 
 
-def test_planetoid_cora(shared_data):
-    cora = datasets.load("cora", shared_data)
+def test_planetoid_cora(shared_data, tmp_path, monkeypatch):
+    """Cora from a folder without write bits: hmgraph's files go to its
+    cache, and the folder is left exactly as it was."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HMGRAPH_CACHE", str(cache))
+    with read_only_copy(shared_data / "Cora",
+                        tmp_path / "data" / "Cora") as folder:
+        before = tree_state(folder)
+        cora = datasets.load("cora", folder.parent)
+        assert tree_state(folder) == before
     assert cora.num_nodes == 2708
     assert cora.graph.num_edges() == 10556
     assert cora.feat_dim == 1433 and cora.num_classes == 7
@@ -85,8 +96,24 @@ def test_planetoid_cora(shared_data):
     assert torch.allclose(sums[sums > 0], torch.ones(1))
     _, rows = open_feature_file(cora.feature_path, verify=True)
     np.testing.assert_array_equal(rows, cora.features.numpy())
-    # Read-only shared data is never written into.
-    assert shared_data not in cora.feature_path.parents
+    # The feature file went to the cache instead.
+    assert cora.feature_path.parent == cache / "cora"
+
+
+def test_planetoid_writable_copy_keeps_files_beside_it(shared_data, tmp_path,
+                                                       monkeypatch):
+    """The other side of `test_planetoid_cora`: a folder with write bits
+    gets hmgraph's files beside the data, and the cache stays empty."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("HMGRAPH_CACHE", str(cache))
+    folder = tmp_path / "data" / "Cora"
+    shutil.copytree(shared_data / "Cora", folder,
+                    copy_function=shutil.copyfile)
+    for path in [folder, *folder.iterdir()]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    cora = datasets.load("cora", folder.parent)
+    assert cora.feature_path.parent == folder / "hmgraph"
+    assert not cache.exists()
 
 
 def test_planetoid_citeseer(shared_data):

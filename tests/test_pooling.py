@@ -124,19 +124,77 @@ def test_hap_super_node_counts_follow_graph_size():
 
 
 def test_hap_coarse_rows_are_masked_weighted_means(monkeypatch):
-    rows_seen = []
-    model = make_model("hap").eval()
-    model.moas[0].register_forward_hook(
-        lambda module, args, out: rows_seen.append(out))
+    """MOA's first coarsening, recomputed graph by graph from its inputs.
+
+    From the node rows ``h`` and memberships ``S`` it saw: each super-node
+    row is the membership-weighted mean of its graph's rows, the coarse
+    adjacency is ``S^T A S``, and the stability loss is the mean over
+    graphs of ``1 - cos`` of the GCont contents before and after, the
+    contents and cosines worked out by hand from GCont's parameters. In
+    float64: the loss is small (~1e-5 here), so it is checked to 1e-9.
+    """
+    seen, members, contents = [], [], []
+    coarsen = hap.coarsen
+
+    def coarsen_and_record(level, assign, cluster_mask):
+        members.append(assign)
+        return coarsen(level, assign, cluster_mask)
+
+    monkeypatch.setattr(hap, "coarsen", coarsen_and_record)
+    model = make_model("hap").eval().double()
+    moa = model.moas[0]
+    moa.register_forward_hook(
+        lambda module, args, out: seen.append((args, out)))
+    moa.gcont.register_forward_hook(
+        lambda module, args, out: contents.append(out))
     graph, features = make_batch()
-    model(graph, features)
-    coarse, rows, stability = rows_seen[0]
-    assert rows.shape == (len(SIZES), coarse.mask.shape[1], HIDDEN)
+    with torch.no_grad():
+        model(graph, features.double())
+    (_, h), (coarse, rows, stability) = seen[0]
+    member = members[0]
+    # ceil(n / 4) super-nodes, at most 32 (140 nodes: 35 -> 32).
+    assert coarse.sizes.tolist() == [1, 1, 2, 3, 5, 32]
+    assert rows.shape == (len(SIZES), 32, HIDDEN)
     assert (rows[~coarse.mask] == 0).all()
-    assert 0 <= float(stability) <= 2
+
+    def content(x):
+        gcont = moa.gcont
+        scores = torch.tanh(x @ gcont.proj.weight.T + gcont.proj.bias)
+        weights = torch.softmax(scores @ gcont.content, 0)
+        return (weights.unsqueeze(-1) * x).sum(0)
+
+    src, dst = graph.edges()
+    losses, start = [], 0
+    for b, n in enumerate(SIZES):
+        k = int(coarse.sizes[b])
+        x, s = h[start:start + n], member[b, :n, :k]
+        # Each node's memberships: a distribution over its graph's k
+        # super-nodes; padded nodes and super-nodes get none.
+        torch.testing.assert_close(s.sum(1), torch.ones(n).double())
+        assert (member[b, n:] == 0).all() and (member[b, :, k:] == 0).all()
+        weights = s + 1e-8
+        torch.testing.assert_close(rows[b, :k],
+                                   (weights / weights.sum(0)).T @ x)
+        inside = (src >= start) & (src < start + n)
+        adj = torch.zeros(n, n, dtype=torch.float64)
+        adj[dst[inside] - start, src[inside] - start] = 1.0
+        torch.testing.assert_close(coarse.adj[b, :k, :k], s.T @ adj @ s)
+        assert (coarse.adj[b, k:] == 0).all()
+        assert (coarse.adj[b, :, k:] == 0).all()
+        before, after = content(x), content(rows[b, :k])
+        # GCont's contents of the fine and the coarse level (its first
+        # two calls), padding left out of their softmax.
+        torch.testing.assert_close(contents[0][b], before)
+        torch.testing.assert_close(contents[1][b], after)
+        cos = (before @ after) / (before.norm() * after.norm())
+        losses.append(1 - cos)
+        start += n
+    expected = torch.stack(losses).mean()
+    assert float(expected) > 1e-6  # the check below is not 0 == 0
+    torch.testing.assert_close(stability, expected, rtol=1e-9, atol=1e-12)
     # Memberships of each node sum to 1: the coarse edge weight equals the
     # fine one (each undirected edge counted in both directions).
-    edges_per_graph = graph.batch_num_edges().float()
+    edges_per_graph = graph.batch_num_edges().double()
     torch.testing.assert_close(coarse.adj.sum((1, 2)), edges_per_graph)
 
 

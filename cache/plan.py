@@ -253,18 +253,24 @@ def replay(policy, trace: Sequence[torch.Tensor], window: int | None = None
 
 
 def replay_hits(policy, trace: Sequence[torch.Tensor],
-                window: int | None = None, on_miss=None) -> tuple[int, int]:
+                window: int | None = None, on_miss=None,
+                lookahead: Sequence[torch.Tensor] | None = None
+                ) -> tuple[int, int]:
     """Hits and requested rows of a replay (see `replay`).
 
     ``on_miss``, if given, is called with each batch's missed ids (sorted,
-    unique), e.g. to cost them in storage blocks.
+    unique), e.g. to cost them in storage blocks. ``lookahead``, if given
+    (as long as ``trace``), is what the next ``window`` batches are taken
+    from instead of ``trace``: batch reuse asks the cache for the rows it
+    did not reuse and passes on the next batches whole.
     """
     if window is None:
         window = getattr(policy, "window", 0)
+    ahead = trace if lookahead is None else lookahead
     policy.warm()
     hits = requested = 0
     for index, ids in enumerate(trace):
-        future = trace[index + 1:index + 1 + window] if window else ()
+        future = ahead[index + 1:index + 1 + window] if window else ()
         hit = policy.step(ids, future).hit
         hits += int(hit.sum())
         requested += ids.numel()

@@ -10,11 +10,12 @@ Finding the shared ids is hash-free, sort-free and vectorised on the
 device: a table of two int32 per node says in which batch each row was
 last stored (a batch counter) and where in that batch's row tensor. A
 batch's ids are looked up with one gather; storing a batch is one
-scatter. There is no Python loop and no round trip of the ids to the host,
-and a row stored by the last batch is, by construction, not counted in the
-older one: the table holds each row's latest batch only. The table takes
-8 bytes per node of device memory, which the plan charges to the device
-budget (`TABLE_BYTES_PER_ROW`).
+scatter. There is no Python loop, and a row stored by the last batch is,
+by construction, not counted in the older one: the table holds each row's
+latest batch only. The table takes 8 bytes per node of device memory,
+which the plan charges to the device budget (`TABLE_BYTES_PER_ROW`). The
+ids left for the cache below go to it sorted, so that it neither sorts
+them nor reorders its rows.
 
 The buffers hold at most ``capacity_rows`` rows per level: a batch larger
 than that keeps only its first ``capacity_rows`` rows for reuse, so the
@@ -106,10 +107,15 @@ class ReuseStats:
     bytes_saved : int
         Bytes that did not cross to the device (or come from storage).
     seconds : float
-        Time spent finding duplicates (looking the ids up in the table,
-        storing the new batch's ids in it).
+        Time batch reuse spent, all but the reads of the cache below:
+        looking ids up in the table, copying reused rows, keeping the
+        batch (a copy of its rows, its ids in the table) and moving the
+        ids of the rest to the host (a sync on CUDA).
     copy_seconds : float
-        Time spent copying reused rows on the device.
+        The part of ``seconds`` spent copying rows on the device: reused
+        rows into the batch, the batch's rows into the buffer.
+    peak_bytes : int
+        Most device bytes the buffers and the id table held after a read.
     """
 
     rows_requested: int = 0
@@ -118,6 +124,7 @@ class ReuseStats:
     bytes_saved: int = 0
     seconds: float = 0.0
     copy_seconds: float = 0.0
+    peak_bytes: int = 0
 
     def reuse_rate(self) -> float:
         """Share of requested rows reused (0.0 before any)."""
@@ -136,7 +143,8 @@ class ReuseStats:
                 "reuse_rate": self.reuse_rate(),
                 "bytes_saved": self.bytes_saved,
                 "seconds": self.seconds,
-                "copy_seconds": self.copy_seconds}
+                "copy_seconds": self.copy_seconds,
+                "peak_bytes": self.peak_bytes}
 
 
 class BatchReuse(Feature):
@@ -206,42 +214,49 @@ class BatchReuse(Feature):
         return self._read(check_ids(ids, self.num_rows), future)
 
     def _read(self, ids, future=()) -> torch.Tensor:
-        detect = time.perf_counter()
+        # Everything but the inner read counts in `stats.seconds`: the
+        # lookups, the row copies, keeping the batch, and moving the ids
+        # of the rest to the host (a sync on CUDA).
+        began = time.perf_counter()
         ids = ids.to(self.device)
         # (1) In which batch each id was last stored, and where.
-        batch_of = self._batch_of[ids]
-        row_of = self._row_of[ids].long()
-        pending = torch.ones(ids.numel(), dtype=torch.bool,
-                             device=self.device)
-        hits = []
-        for age in range(1, self.levels + 1):
-            found = batch_of == self._batch - age
-            where = found.nonzero().squeeze(1)
-            pending &= ~found
-            hits.append((where, self._rows[age - 1], row_of[where]))
-        self.stats.seconds += time.perf_counter() - detect
-        # (2) Copy those rows on the device.
-        copy = time.perf_counter()
+        batch_of = self._batch_of.index_select(0, ids)
+        row_of = self._row_of.index_select(0, ids)
         out = torch.empty((ids.numel(), *self.row_shape),
                           dtype=self.dtype, device=self.device)
-        for level, (where, rows, index) in enumerate(hits, start=1):
-            out[where] = rows[index]
-            self.stats.reused[f"level{level}"] += where.numel()
+        # (2) Copy the rows the buffers hold (`index_select` and
+        # `index_copy_`: a third of the cost of `out[i] = rows[j]` on CPU).
+        copy = time.perf_counter()
+        for age in range(1, self.levels + 1):
+            where = (batch_of == self._batch - age).nonzero().squeeze(1)
+            out.index_copy_(0, where, self._rows[age - 1].index_select(
+                0, row_of.index_select(0, where)))
+            self.stats.reused[f"level{age}"] += where.numel()
             self.stats.bytes_saved += where.numel() * self.row_bytes
         self.stats.copy_seconds += time.perf_counter() - copy
-        # (3) The rest from the cache below.
-        rest = pending.nonzero().squeeze(1)
+        # (3) The rest from the cache below, asked in sorted order: it then
+        # neither sorts them nor puts its rows back in request order.
+        rest = (batch_of < self._batch - self.levels).nonzero().squeeze(1)
+        inner = 0.0
         if rest.numel():
-            out[rest] = self.inner.read(ids[rest].cpu(), future).to(
-                self.device)
-        # (4) Keep this batch (its first `capacity_rows` rows); the last
-        # batch's rows become the older level, by reference.
-        detect = time.perf_counter()
+            wanted, order = ids.index_select(0, rest).sort()
+            wanted = wanted.cpu()
+            start = time.perf_counter()
+            rows = self.inner.read(wanted, future)
+            inner = time.perf_counter() - start
+            out.index_copy_(0, rest.index_select(0, order),
+                            rows.to(self.device))
+            del rows
+        # (4) Keep a copy of this batch's first `capacity_rows` rows (the
+        # caller may write into `out`); the last batch's rows become the
+        # older level, by reference.
+        copy = time.perf_counter()
         kept = min(ids.numel(), self.capacity_rows)
-        self._batch_of[ids[:kept]] = self._batch
-        self._row_of[ids[:kept]] = torch.arange(
-            kept, dtype=torch.int32, device=self.device)
-        rows = out if kept == ids.numel() else out[:kept].clone()
+        self._batch_of.index_fill_(0, ids[:kept], self._batch)
+        self._row_of.index_copy_(0, ids[:kept], torch.arange(
+            kept, dtype=torch.int32, device=self.device))
+        rows = out[:kept].clone()
+        self.stats.copy_seconds += time.perf_counter() - copy
         self._rows = [rows, self._rows[0] if self.levels == 2 else rows[:0]]
         self._batch += 1
         if self._batch >= _WRAP:
@@ -249,10 +264,9 @@ class BatchReuse(Feature):
             self._batch = 0
             self._rows = [rows[:0], rows[:0]]
         self.stats.rows_requested += ids.numel()
-        self.stats.seconds += time.perf_counter() - detect
-        # A copy: the caller may write into its batch; the buffer must not
-        # change with it.
-        return out.clone()
+        self.stats.peak_bytes = max(self.stats.peak_bytes, self.nbytes)
+        self.stats.seconds += time.perf_counter() - began - inner
+        return out
 
     def close(self) -> None:
         """Close the inner feature."""

@@ -172,9 +172,10 @@ class PageView:
 
 
 def _replay_rate(policy, trace, requested, reused=0, window=None,
-                 pages=None):
+                 pages=None, lookahead=None):
     """Hit rate of a replay (reused rows count as hits), and the summed
-    `PageView.cost` of each batch's missed rows (None without ``pages``).
+    `PageView.cost` of each batch's missed rows (None without ``pages``);
+    ``lookahead`` as in `replay_hits`.
     """
     cost = pages.zeros() if pages is not None else None
 
@@ -182,7 +183,8 @@ def _replay_rate(policy, trace, requested, reused=0, window=None,
         cost[...] += pages.cost(missed)
 
     hits, _ = replay_hits(policy, trace, window,
-                          add_cost if pages is not None else None)
+                          add_cost if pages is not None else None,
+                          lookahead=lookahead)
     return ((hits + reused) / requested if requested else 0.0), cost
 
 
@@ -275,6 +277,8 @@ def analyze(trace, hop_counts, degrees, profile, num_rows: int,
             replayed = _replay_rate(policy, trace, requested, window=window,
                                     pages=pages)
             record(f"hmgraph-w{window}", budget, replayed, began)
+        # With batch reuse the cache is asked for what reuse did not serve
+        # and looks ahead at the next batches whole, as the loader runs it.
         for levels, (rest, reused) in ((1, (one, reused_one)),
                                        (2, (two, reused_two))):
             began = time.perf_counter()
@@ -282,7 +286,7 @@ def analyze(trace, hop_counts, degrees, profile, num_rows: int,
                                  hotness=profile.counts,
                                  static_rows=plan.static_rows, window=4)
             replayed = _replay_rate(policy, rest, requested, reused,
-                                    window=4, pages=pages)
+                                    window=4, pages=pages, lookahead=trace)
             name = "hmgraph+reuse1" if levels == 1 else "hmgraph+reuse2"
             record(name, budget, replayed, began)
         began = time.perf_counter()

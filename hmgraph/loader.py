@@ -493,7 +493,8 @@ class DataLoader:
             else self.profile.hop_counts)
         self.plans[ntype] = plan
         self.caches[ntype] = built
-        if cache is None and not plan.staging_rows:
+        if cache is None and not plan.staging_rows and \
+                not plan.reuse_levels:
             # Caching off: rows straight from the source, as DGL gathers.
             self.features[ntype] = source
         elif plan.reuse_levels:

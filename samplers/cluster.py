@@ -24,10 +24,11 @@ one costs O(degree).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,26 +38,76 @@ from hmgraph.cache.format import atomic_path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ClusterSampler", "cluster_order", "metis_clusters"]
+__all__ = ["METIS_OPTIONS", "ClusterSampler", "cached_clusters",
+           "cluster_order", "metis_clusters", "metis_key"]
 
 _WEIGHT_KEY = "_hmgraph_locality"
+
+
+#: How `metis_clusters` runs METIS; part of the key of its cache file.
+METIS_OPTIONS = {"function": "dgl.metis_partition_assignment",
+                 "input": "simple graph without self-loops",
+                 "mode": "k-way", "objtype": "cut", "balance_edges": False}
+
+
+def metis_key(graph, num_clusters: int) -> dict:
+    """What a cached assignment must match: the graph and the METIS run.
+
+    The graph is named by its node and edge counts and a BLAKE2b hash of
+    its CSC structure (``indptr`` and ``indices``; its COO arrays where
+    the graph allows no CSC), the run by ``num_clusters`` and
+    `METIS_OPTIONS`.
+    """
+    formats = graph.formats()
+    fmt = "csc" if "csc" in formats["created"] + formats["not created"] \
+        else "coo"
+    digest = hashlib.blake2b(digest_size=16)
+    for array in graph.adj_tensors(fmt)[:2]:
+        digest.update(array.contiguous().numpy())
+    return {"num_nodes": graph.num_nodes(), "num_edges": graph.num_edges(),
+            fmt: digest.hexdigest(), "num_clusters": int(num_clusters),
+            **METIS_OPTIONS}
+
+
+def cached_clusters(path: str | os.PathLike, key: dict
+                    ) -> torch.Tensor | None:
+    """The assignment cached at ``path`` if its key is ``key``, else None.
+
+    The file holds two ``.npy`` records: the cluster ids (so that
+    ``np.load(path)`` reads them) and the key as JSON. A file without a
+    key (written before keys), unreadable, or of another key is None.
+    """
+    try:
+        with open(path, "rb") as f:
+            parts = np.load(f)
+            stored = json.loads(str(np.load(f)))
+    except (OSError, ValueError, EOFError):
+        return None
+    if stored != key or parts.shape != (key["num_nodes"],):
+        log.info("ignoring %s: it is not for this graph and METIS run", path)
+        return None
+    return torch.from_numpy(parts).long()
 
 
 def metis_clusters(graph, num_clusters: int,
                    cache_path: str | os.PathLike | None = None
                    ) -> torch.Tensor:
-    """METIS cluster id of every node, cached on disk.
+    """METIS cluster id of every node, cached on disk: hmgraph's one way to
+    run METIS.
 
     Parameters
     ----------
     graph : dgl.DGLGraph
-        The (symmetric) graph.
+        The (symmetric) graph; METIS sees it as a simple graph without
+        self-loops.
     num_clusters : int
         Number of clusters (>= 1).
     cache_path : str or os.PathLike, optional
-        ``.npy`` file holding the assignment; read if present (and of the
-        right length), else computed with `dgl.metis_partition_assignment`
-        and written atomically.
+        File of the cached assignment: read if its key (`metis_key`: the
+        graph's counts and structure hash, ``num_clusters`` and
+        `METIS_OPTIONS`) is this call's, else computed with
+        `dgl.metis_partition_assignment` and written atomically with the
+        key (`cached_clusters` reads it).
 
     Returns
     -------
@@ -67,11 +118,12 @@ def metis_clusters(graph, num_clusters: int,
 
     if num_clusters < 1:
         raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
-    if cache_path is not None and Path(cache_path).is_file():
-        parts = np.load(cache_path)
-        if parts.shape == (graph.num_nodes(),):
-            return torch.from_numpy(parts).long()
-        log.info("ignoring %s: it is for another graph", cache_path)
+    key = None
+    if cache_path is not None:
+        key = metis_key(graph, num_clusters)
+        parts = cached_clusters(cache_path, key)
+        if parts is not None:
+            return parts
     start = time.perf_counter()
     if num_clusters == 1:
         parts = torch.zeros(graph.num_nodes(), dtype=torch.int64)
@@ -85,6 +137,7 @@ def metis_clusters(graph, num_clusters: int,
         with atomic_path(cache_path) as tmp:
             with open(tmp, "wb") as f:
                 np.save(f, parts.numpy())
+                np.save(f, np.array(json.dumps(key)))
     return parts
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import hmgraph
 from hmgraph.cache.budget import check_available, parse_budget
-from hmgraph.cache.coordinated import FeatureCache
+from hmgraph.cache.coordinated import CacheStats, FeatureCache
 from hmgraph.cache.feature import TensorFeature, check_ids
 from hmgraph.cache.format import write_feature_file
 from hmgraph.cache.plan import build_cache, make_plan, replay
@@ -109,28 +109,115 @@ id_batches = st.lists(
 @given(batches=id_batches)
 def test_contract_every_policy(rows, feature_path, source_kind, policy,
                                budget, batches):
-    """Every read equals the feature file, whatever the ids and policy."""
+    """Every read equals the feature file, whatever the ids and policy.
+
+    The counters are checked against what the stores held before each
+    read: a row is counted as a hit of the first store that held it,
+    staged rows as ``staged``, the rest as ``source`` (and read from it);
+    admissions and evictions are the rows each store gained and lost.
+    """
     source = make_source(source_kind, rows, feature_path)
     with make_cache(policy, budget, source,
                     staging_of(source_kind)) as cache:
+        expected = CacheStats()
         batches = [*batches, [NUM_ROWS - 1, 0, NUM_ROWS - 1], []]
         for index, ids in enumerate(batches):
             future = [torch.tensor(sorted(set(b)), dtype=torch.int64)
                       for b in batches[index + 1:index + 3]]
+            before = snapshot(cache)
             check_feature_contract(cache, rows, ids, future=future)
-        stats = cache.stats
-        assert stats.requests == len(batches)
-        assert stats.rows_requested == sum(len(set(b)) for b in batches)
-        assert sum(stats.hits.values()) == stats.rows_requested
-        # No tier ever holds more than its budget.
-        for store in cache.stores:
-            assert store.size <= store.capacity
-            assert store.nbytes == store.capacity * cache.row_bytes
+            add_expected(expected, cache, before, set(ids))
+            assert nonzero(cache.stats.hits) == nonzero(expected.hits)
+            assert nonzero(cache.stats.admitted) == nonzero(expected.admitted)
+            assert nonzero(cache.stats.evicted) == nonzero(expected.evicted)
+            assert cache.stats.bytes == expected.bytes
+        assert cache.stats.requests == len(batches)
+        assert cache.stats.rows_requested == sum(len(set(b))
+                                                 for b in batches)
         assert store_ids_are_consistent(cache)
+        # No tier ever holds more than its budget; staging is host memory.
+        held = tier_bytes(cache)
+        assert held["device"] <= budget[0] * cache.row_bytes, held
+        assert held["host"] <= budget[1] * cache.row_bytes, held
         if cache.staging is not None:
-            # Staged rows are the file's, and nothing outlives the window
-            # (the last batch has no future).
+            # Nothing outlives the window (the last batch has no future).
             assert cache.staging.size == 0
+
+
+def tier_bytes(cache) -> dict[str, int]:
+    """Bytes of the row buffers allocated on the device and in host memory
+    (host and staged stores)."""
+    stores = list(cache.stores)
+    if cache.staging is not None:
+        stores.append(cache.staging)
+    held = {"device": 0, "host": 0}
+    for store in stores:
+        tier = "device" if store.name == "device" else "host"
+        held[tier] += store.buffer.numel() * store.buffer.element_size()
+    return held
+
+
+def held_ids(store) -> set[int]:
+    """Ids a slot store holds, read from its slot -> id table."""
+    return set(store.id_of[store.id_of >= 0].tolist())
+
+
+def nonzero(counter: dict) -> dict:
+    return {key: value for key, value in counter.items() if value}
+
+
+def snapshot(cache) -> dict:
+    """What a cache holds, before a read (see `add_expected`)."""
+    source_stats = getattr(cache.source, "stats", None)
+    return {
+        "stores": [(store, held_ids(store)) for store in cache.stores],
+        "staged": (held_ids(cache.staging) if cache.staging is not None
+                   else set()),
+        "source_rows": getattr(source_stats, "rows_read", None),
+    }
+
+
+def add_expected(expected: CacheStats, cache, before: dict,
+                 asked: set[int]) -> None:
+    """Add to ``expected`` what the counters of one read must show.
+
+    Worked out from what the stores held before the read and after it, not
+    from the cache's own bookkeeping: each asked row is a hit of the first
+    store that held it (layer by layer, device first), else of the staging
+    store, else it is read from the source; admissions and evictions are
+    the rows each store gained and lost.
+    """
+    pending = set(asked)
+    hits = {}
+    for store, held in before["stores"]:
+        served = pending & held
+        hits[store.name] = hits.get(store.name, 0) + len(served)
+        pending -= served
+    hits["staged"] = len(pending & before["staged"])
+    pending -= before["staged"]
+    hits["source"] = len(pending)
+    changes = [(store.name, held, held_ids(store))
+               for store, held in before["stores"]]
+    brought = 0  # rows staged for the next batches, read along
+    if cache.staging is not None:
+        staged_now = held_ids(cache.staging)
+        changes.append(("staged", before["staged"], staged_now))
+        brought = len(staged_now - before["staged"])
+    for name, held, now in changes:
+        if name != "staged":  # the tiers admit rows of this read only
+            assert now - held <= asked, name
+        for counter, rows in ((expected.admitted, now - held),
+                              (expected.evicted, held - now)):
+            counter[name] = counter.get(name, 0) + len(rows)
+    for tier, count in hits.items():
+        expected.hits[tier] = expected.hits.get(tier, 0) + count
+    row_bytes = cache.row_bytes
+    expected.bytes["host->device"] += row_bytes * (
+        len(asked) - hits.get("device", 0))
+    expected.bytes["storage->host"] += row_bytes * (len(pending) + brought)
+    if before["source_rows"] is not None:  # the source read exactly those
+        assert cache.source.stats.rows_read - before["source_rows"] == \
+            len(pending) + brought
 
 
 def store_ids_are_consistent(cache) -> bool:

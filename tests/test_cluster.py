@@ -5,6 +5,7 @@ from __future__ import annotations
 import dgl
 import numpy as np
 import pytest
+import scipy.stats
 import torch
 
 import hmgraph
@@ -59,53 +60,145 @@ def test_blocks_are_valid(tiny, clusters, locality):
             assert torch.equal(clusters[src], clusters[dst])
 
 
+def edge_counts(sampler, graph, seeds, draws, first_seed):
+    """Times each graph edge was sampled into the seeds' block (the last),
+    over ``draws`` draws seeded ``first_seed``, ``first_seed + 1``, ..."""
+    counts = torch.zeros(graph.num_edges(), dtype=torch.int64)
+    for draw in range(draws):
+        dgl.seed(first_seed + draw)
+        _, _, blocks = sampler.sample(graph, seeds)
+        counts += torch.bincount(blocks[-1].edata[dgl.EID],
+                                 minlength=graph.num_edges())
+    return counts
+
+
+def same_inclusion_pvalue(ours, theirs, draws):
+    """P-value of "each edge is sampled with the same probability by both".
+
+    Per edge, a 2x2 chi-square of (sampled, not) in ``draws`` independent
+    draws of each sampler, summed over the edges that some draw took and
+    some did not: under the hypothesis each term has mean 1, and the sum is
+    compared with a chi-square of one degree of freedom per edge.
+    """
+    pooled = (ours + theirs).double() / (2 * draws)
+    tested = (pooled > 0) & (pooled < 1)
+    variance = 2 * draws * pooled[tested] * (1 - pooled[tested])
+    statistic = ((ours - theirs)[tested].double() ** 2 / variance).sum()
+    return float(scipy.stats.chi2.sf(float(statistic), int(tested.sum())))
+
+
 def test_locality_one_matches_weighted_sampling_with_real_edge_ids(
         tiny, clusters):
-    # locality 1 samples the intra-cluster subgraph uniformly: the same
-    # distribution as DGL's weighted sampler with weights 1 inside, 0
-    # outside, and edge ids that name the graph's own edges.
-    sampler = ClusterSampler(tiny.graph, FANOUTS, clusters, locality=1.0)
-    src, dst = tiny.graph.edges()
-    weight = (clusters[src] == clusters[dst]).float()
-    tiny.graph.edata["_w"] = weight
-    weighted = dgl.dataloading.NeighborSampler(FANOUTS, prob="_w")
+    """locality 1 samples the intra-cluster subgraph uniformly: the same
+    distribution as DGL's weighted sampler with weights 1 inside and 0
+    outside, edge by edge, and edge ids that name the graph's own edges.
+
+    A two-sample test over 200 independent draws of each compares how often
+    every edge is sampled into the seeds' block; a sampler with the same
+    support and in-degrees but a bias inside the cluster (weight 2 for
+    neighbours of odd id) must fail the same test.
+    """
+    graph, fanouts, draws = tiny.graph, [4], 200
+    sampler = ClusterSampler(graph, fanouts, clusters, locality=1.0)
+    src, dst = graph.edges()
+    inside = clusters[src] == clusters[dst]
+    graph.edata["_w"] = inside.float()
+    graph.edata["_biased"] = inside.float() * (1.0 + src % 2)
+    weighted = dgl.dataloading.NeighborSampler(fanouts, prob="_w")
+    biased = dgl.dataloading.NeighborSampler(fanouts, prob="_biased")
     seeds = sampler.order_seeds(tiny.split["train"], 0)[:256]
     try:
-        ours = mean_in_degrees(sampler, tiny.graph, seeds)
-        theirs = mean_in_degrees(weighted, tiny.graph, seeds)
+        ours = edge_counts(sampler, graph, seeds, draws, 0)
+        theirs = edge_counts(weighted, graph, seeds, draws, draws)
+        control = edge_counts(biased, graph, seeds, draws, draws)
     finally:
-        del tiny.graph.edata["_w"]
-    assert torch.allclose(ours, theirs, rtol=0.02), (ours, theirs)
-    _, _, blocks = sampler.sample(tiny.graph, seeds)
+        del graph.edata["_w"], graph.edata["_biased"]
+    # Exact: no edge leaves a cluster; a seed with at most 4 neighbours in
+    # its cluster gets all of them in every draw, others 4 per draw.
+    assert int(ours[~inside].sum()) == 0
+    to_seed = torch.isin(dst, seeds) & inside
+    eligible = torch.bincount(dst[to_seed], minlength=graph.num_nodes())
+    few = to_seed & (eligible[dst] <= fanouts[0])
+    assert bool((ours[few] == draws).all())
+    assert int(ours.sum()) == draws * int(
+        eligible[seeds].clamp(max=fanouts[0]).sum())
+    # The rest, edge by edge: ours against DGL's, and the biased control
+    # (same support, same in-degrees) against DGL's.
+    p_ours = same_inclusion_pvalue(ours, theirs, draws)
+    p_control = same_inclusion_pvalue(control, theirs, draws)
+    assert p_ours > 1e-4, (p_ours, p_control)
+    assert p_control < 1e-12, (p_ours, p_control)
+    _, _, blocks = sampler.sample(graph, seeds)
     for block in blocks:
         bsrc, bdst = block.edges()
         eids = block.edata[dgl.EID]
-        gsrc, gdst = tiny.graph.find_edges(eids)
+        gsrc, gdst = graph.find_edges(eids)
         assert torch.equal(gsrc, block.srcdata[dgl.NID][bsrc])
         assert torch.equal(gdst, block.dstdata[dgl.NID][bdst])
     # Excluded edges (graph ids) never come back.
     banned = blocks[-1].edata[dgl.EID]
-    _, _, again = sampler.sample(tiny.graph, seeds, exclude_eids=banned)
+    _, _, again = sampler.sample(graph, seeds, exclude_eids=banned)
     assert not torch.isin(again[-1].edata[dgl.EID], banned).any()
 
 
-def mean_in_degrees(sampler, graph, seeds, repeats=30):
-    totals = torch.zeros(len(FANOUTS), dtype=torch.float64)
-    for repeat in range(repeats):
-        dgl.seed(repeat)
+def inside_share_z(sampler, graph, clusters, seeds, draws=100):
+    """In-cluster share of sampled edges against uniform sampling: z-score.
+
+    Every block of every draw: given its destination nodes, uniform
+    sampling without replacement of ``m = min(fanout, d)`` of a node's
+    ``d`` in-edges, ``i`` of them inside its cluster, takes a
+    hypergeometric count of inside edges (mean ``m i / d``, variance
+    ``m (i / d) (1 - i / d) (d - m) / (d - 1)``). Returns the observed
+    share, the share uniform sampling expects, and the z-score of the
+    total count.
+    """
+    src, dst = graph.edges()
+    inside = clusters[src] == clusters[dst]
+    degree = graph.in_degrees().double()
+    inside_degree = torch.bincount(dst[inside],
+                                   minlength=graph.num_nodes()).double()
+    count = mean = variance = sampled = 0.0
+    for draw in range(draws):
+        dgl.seed(draw)
         _, _, blocks = sampler.sample(graph, seeds)
-        for layer, block in enumerate(blocks):
-            totals[layer] += block.in_degrees().double().mean()
-    return totals / repeats
+        for block, fanout in zip(blocks, sampler.fanouts, strict=True):
+            eids = block.edata[dgl.EID]
+            count += float(inside[eids].sum())
+            sampled += eids.numel()
+            nodes = block.dstdata[dgl.NID]
+            d, i = degree[nodes], inside_degree[nodes]
+            m = d.clamp(max=fanout)
+            q = i / d.clamp(min=1)
+            mean += float((m * q).sum())
+            variance += float((m * q * (1 - q) * (d - m)
+                               / (d - 1).clamp(min=1)).sum())
+    return (count / sampled, mean / sampled,
+            (count - mean) / max(variance, 1e-12) ** 0.5)
 
 
-def test_locality_zero_matches_neighbor_sampler(tiny, clusters):
-    seeds = tiny.split["train"][:512]
-    ours = mean_in_degrees(ClusterSampler(tiny.graph, FANOUTS, clusters,
-                                          locality=0.0), tiny.graph, seeds)
-    dgls = mean_in_degrees(dgl.dataloading.NeighborSampler(FANOUTS),
-                           tiny.graph, seeds)
-    assert torch.allclose(ours, dgls, rtol=0.02), (ours, dgls)
+def test_locality_zero_samples_uniformly(tiny, clusters):
+    """locality 0: neighbours in the seed's cluster are not preferred.
+
+    The in-cluster share of sampled edges is what uniform sampling
+    expects, within 4 standard deviations; a slight preference (locality
+    0.1: weight 0.9 outside) is far outside that, and locality 0.5 and 1
+    raise the share step by step to 1 (every edge inside).
+    """
+    seeds = tiny.split["train"][:256]
+
+    def share(locality):
+        sampler = ClusterSampler(tiny.graph, FANOUTS, clusters,
+                                 locality=locality)
+        return inside_share_z(sampler, tiny.graph, clusters, seeds)
+
+    observed, uniform, z = share(0.0)
+    assert abs(z) < 4, (observed, uniform, z)
+    assert 0.5 < uniform < 0.95  # the graph leaves room to tell them apart
+    slight, _, z_slight = share(0.1)
+    assert z_slight > 10, (slight, uniform, z_slight)
+    half, _, _ = share(0.5)
+    assert observed < slight < half < 1.0
+    assert share(1.0)[0] == 1.0
 
 
 def test_locality_shrinks_the_inputs(tiny, clusters):

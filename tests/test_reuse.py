@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import dgl
 import numpy as np
 import pytest
@@ -11,15 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hmgraph
+from hmgraph.analysis import reuse_filtered
 from hmgraph.cache.coordinated import FeatureCache
 from hmgraph.cache.feature import TensorFeature
-from hmgraph.cache.plan import make_plan
+from hmgraph.cache.plan import make_plan, replay_hits
+from hmgraph.cache.policies import make_policy
 from hmgraph.cache.reuse import (
     TABLE_BYTES_PER_ROW,
     BatchReuse,
     member,
     reuse_profile,
 )
+from hmgraph.samplers.presample import Profile, presample
 
 NUM_ROWS = 300
 
@@ -55,8 +60,8 @@ def test_reuse_keeps_the_contract(levels, capacity, batches):
     reuse = make_reuse(levels, capacity)
     for ids in batches:
         check_feature_contract(reuse, rows, ids)
-        assert reuse.nbytes <= levels * capacity * reuse.row_bytes + \
-            reuse.table_bytes
+        assert reuse.nbytes <= reuse.stats.peak_bytes <= \
+            levels * capacity * reuse.row_bytes + reuse.table_bytes
     stats = reuse.stats
     assert stats.rows_requested == sum(len(b) for b in batches)
     reused = sum(stats.reused.values())
@@ -164,10 +169,78 @@ def test_unique_sorted(ids):
     assert got.tolist() == ids
 
 
-def test_writing_into_a_batch_leaves_the_buffers_alone():
+@pytest.mark.parametrize("levels", [1, 2])
+@pytest.mark.parametrize("capacity", [NUM_ROWS, 2], ids=["roomy", "tight"])
+def test_writing_into_a_batch_leaves_the_buffers_alone(levels, capacity):
     rows = reference()
-    reuse = make_reuse(levels=1)
-    x = reuse.read(torch.tensor([1, 2, 3]))
-    x.zero_()
-    again = reuse.read(torch.tensor([1, 2, 3]))
-    assert torch.equal(again, torch.from_numpy(rows[[1, 2, 3]]))
+    reuse = make_reuse(levels, capacity)
+    for ids in ([1, 2, 3], [4, 5], [1, 2, 3], [2, 4, 1]):
+        reuse.read(torch.tensor(ids)).zero_()
+    again = reuse.read(torch.tensor([1, 2, 3, 4]))
+    assert reuse.stats.reused["level1"] + reuse.stats.reused["level2"] > 0
+    assert torch.equal(again, torch.from_numpy(rows[[1, 2, 3, 4]]))
+
+
+class SlowFeature(TensorFeature):
+    """Rows from memory, each read taking `DELAY` seconds more."""
+
+    DELAY = 0.05
+
+    def read(self, ids, future=()):
+        time.sleep(self.DELAY)
+        return super().read(ids)
+
+
+def test_reuse_seconds_are_all_but_the_reads_below():
+    reuse = BatchReuse(SlowFeature(torch.from_numpy(reference())), 2, 50)
+    began = time.perf_counter()
+    for start in range(0, 200, 20):
+        reuse.read(torch.arange(start, start + 40))
+    total = time.perf_counter() - began
+    stats = reuse.stats
+    assert 0 < stats.copy_seconds <= stats.seconds
+    assert stats.seconds <= total - 10 * SlowFeature.DELAY
+
+
+def test_reuse_without_a_cache_reuses(tiny):
+    loader = hmgraph.DataLoader(
+        tiny.graph, tiny.split["train"][:400],
+        dgl.dataloading.NeighborSampler([4, 4]), batch_size=100,
+        features=tiny.feature_path, device_budget_bytes=2**22,
+        host_budget_bytes=0, reuse="two-level", profile_batches=4)
+    for _ in loader:
+        pass
+    loader.close()
+    assert loader.stats.reuse is not None
+
+
+def test_analyze_replays_what_the_loader_runs_with_reuse(tiny):
+    """`hmgraph analyze`'s hmgraph+reuse2: the cache is asked for the rows
+    reuse did not serve and looks ahead at the next batches whole."""
+    n, row_bytes = tiny.num_nodes, tiny.feat_dim * 4
+    seeds = tiny.split["train"]
+    sampler = dgl.dataloading.NeighborSampler([4, 3])
+    profile = presample(tiny.graph, sampler, seeds, 100, 10, seed=5)
+    # A profiled batch of every node: reuse buffers that never cap.
+    profile = Profile(profile.counts, profile.hop_counts,
+                      [*profile.trace, torch.arange(n)])
+    table = TABLE_BYTES_PER_ROW * n
+    loader = hmgraph.DataLoader(
+        tiny.graph, seeds, sampler, batch_size=100, shuffle=True, seed=0,
+        features=tiny.features, cache="hmgraph", reuse="two-level",
+        device_budget_bytes=2 * n * row_bytes + table,
+        host_budget_bytes=1500 * row_bytes, window=4, profile=profile)
+    loader.trace = []
+    for _ in loader:
+        pass
+    loader.close()
+    plan, stats = loader.plan, loader.stats
+    assert plan.reuse_rows == n and plan.device_rows == 0
+    rest, reused = reuse_filtered(loader.trace, 2)
+    assert reused == sum(stats.reuse.reused.values())
+    policy = make_policy("hmgraph", n, plan.host_rows,
+                         hotness=profile.counts,
+                         static_rows=plan.static_rows, window=4)
+    hits, requested = replay_hits(policy, rest, 4, lookahead=loader.trace)
+    assert requested == stats.cache.rows_requested
+    assert hits == stats.cache.hits.get("host", 0)

@@ -105,7 +105,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # -- (1) Sampling -----------------------------------------------------------
 
-def make_sampler(graph, fanouts, parts, locality, group_size):
+def timed_sampler(graph, fanouts, parts, locality, group_size):
     """DGL's sampler (``locality`` None) or a `ClusterSampler`, timed.
     Build each right before it samples (its weights live in the graph)."""
     import dgl
@@ -159,7 +159,7 @@ def part_sampling(dataset, parts, metis_seconds, args) -> tuple:
     records, traces = {}, {}
     for repeat in range(args.repeats):
         for name, locality, group_size in SAMPLERS:
-            sampler, construct = make_sampler(
+            sampler, construct = timed_sampler(
                 dataset.graph, args.fanouts, parts, locality, group_size)
             epoch = sample_epoch(dataset.graph, sampler,
                                  dataset.split["train"], args,
@@ -201,8 +201,8 @@ def part_hit_rates(dataset, parts, traces, args) -> list[dict]:
         if name not in traces:
             continue
         trace = traces[name]
-        sampler, _ = make_sampler(dataset.graph, args.fanouts, parts,
-                                  locality, group_size)
+        sampler, _ = timed_sampler(dataset.graph, args.fanouts, parts,
+                                   locality, group_size)
         began = time.perf_counter()
         profile = presample(dataset.graph, sampler, dataset.split["train"],
                             args.batch_size, len(trace),

@@ -34,10 +34,9 @@ ORDERS = ("shuffled", "cluster")
 NO_REUSE, ONE_LEVEL, TWO_LEVEL, STATIC = (
     "no reuse", "one-level", "two-level", "static cache")
 #: (configuration, reuse, cache) in run order: the static cache's device
-#: budget is two-level's buffers. Reuse passes cache "none": with cache
-#: None and no host budget the loader bypasses reuse (tests/test_reuse.py).
-CONFIGS = ((NO_REUSE, "none", None), (ONE_LEVEL, "one-level", "none"),
-           (TWO_LEVEL, "two-level", "none"), (STATIC, "none", "presample"))
+#: budget is two-level's buffers.
+CONFIGS = ((NO_REUSE, "none", None), (ONE_LEVEL, "one-level", None),
+           (TWO_LEVEL, "two-level", None), (STATIC, "none", "presample"))
 GROUP_SIZE = 4  # clusters per group, as `hmgraph train --group-size`
 PREFETCH = 2
 EPOCH_RATIO_MAX = 1.05

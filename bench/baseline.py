@@ -2,25 +2,19 @@
 
 Per dataset, `common.dgl_epoch` (DGL's ``DataLoader`` with its defaults)
 trains GraphSAGE for ``--epochs`` epochs, seconds split into sample,
-fetch and train; the graph's sparse formats are built once before and
-timed apart. Details in bench/README.md.
-
-Examples: ``python bench/baseline.py --datasets synth-small,synth-products``;
-``python bench/baseline.py --datasets synth-tiny --epochs 2 --out
-/tmp/baseline.json``.
+fetch and train; the graph's sparse formats are built once before, timed
+apart. Details in bench/README.md. ``python bench/baseline.py --datasets
+synth-tiny --epochs 2 --out /tmp/baseline.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import common  # noqa: E402
-import psutil  # noqa: E402
+import common
+import psutil
 
 COLUMNS = ["dataset", "nodes", "edges", "batches", "epoch s", "sample s",
            "fetch s", "train s", "sample %", "fetch %", "train %",
@@ -51,14 +45,7 @@ def bench_dataset(name: str, args) -> dict:
     """Load one dataset, build its formats, train; its JSON record."""
     import dgl
 
-    from hmgraph import datasets
-
-    start = time.perf_counter()
-    data = datasets.load(name, args.root, verify=False)
-    load_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    data.graph.create_formats_()
-    prepare_seconds = time.perf_counter() - start
+    data, facts = common.load(name, args.root)
     rss_before = psutil.Process().memory_info().rss / 2**20
     model, optimizer = common.new_model(data, args.hidden, len(args.fanouts),
                                         args.seed, args.model)
@@ -73,26 +60,20 @@ def bench_dataset(name: str, args) -> dict:
     rows = sum(e["input_rows"] for e in epochs)
     batches = sum(e["batches"] for e in epochs)
     return {
-        "dataset": name, "nodes": data.num_nodes,
-        "edges": data.graph.num_edges(), "feat_dim": data.feat_dim,
+        "dataset": name, **facts,
         "feat_dtype": str(data.features.dtype).removeprefix("torch."),
         "num_classes": data.num_classes,
         "train_nodes": int(data.split["train"].numel()),
         "batches": epochs[0]["batches"], "seconds": seconds,
         "share_percent": {k: 100 * seconds[k] / seconds["epoch"]
                           for k in ("sample", "fetch", "train")},
-        "load_seconds": load_seconds, "prepare_seconds": prepare_seconds,
         "input_nodes_per_batch": rows / max(batches, 1),
         "input_rows_total": rows,
         "bytes_fetched_total": sum(e["input_bytes"] for e in epochs),
         "rss_mb_before_training": rss_before,
         "peak_rss_mb": common.peak_rss_bytes() / 2**20, "epochs": epochs,
-        "config": {"fanouts": args.fanouts, "batch_size": args.batch_size,
-                   "epochs": args.epochs, "model": args.model,
-                   "hidden": args.hidden, "dropout": common.DROPOUT,
-                   "lr": common.LR,
-                   "num_workers": args.dgl_workers, "seed": args.seed,
-                   "root": str(args.root)},
+        "config": dict(common.settings(args), dropout=common.DROPOUT,
+                       lr=common.LR, num_workers=args.dgl_workers),
     }
 
 
@@ -126,9 +107,7 @@ def main(argv=None) -> int:
             print(f"baseline: error: {name}: {err}", file=sys.stderr)
             return 2
         common.write_results(result, report(result), args.out)
-    print(report(result), end="")
-    print(f"wrote {args.out}")
-    return 0
+    return common.finish(result, report(result), args.out)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,23 @@
 """Cache policies with features on disk, judged in the disk's units.
 
-One epoch of GraphSAGE per configuration, one process: per layout of the
-feature file (``file``, ``hot-first``), host budget and cache policy, an
-`hmgraph.DataLoader` over the ``O_DIRECT`` storage tier, its trace
-replayed under Belady's policy; the DGL baselines of `common.dgl_epoch`
-once. Ratios come with construction seconds and amortized; targets T1-T5
-at the 20 % host budget. Options, records and targets: bench/README.md.
-
-Examples: ``python bench/cache_policies.py`` (synth-products, ~1 h a
-layout); ``python bench/cache_policies.py --quick --root /tmp/hmg``.
+One epoch of GraphSAGE per layout of the feature file, host budget and
+cache policy (`common.loader_epoch` over the ``O_DIRECT`` storage tier, its
+trace replayed under Belady's policy) and the DGL baselines once; targets
+T1-T5 at the 20 % host budget. Details in bench/README.md.
+``python bench/cache_policies.py --quick --root /tmp/hmg``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import hashlib
 import os
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import common  # noqa: E402
+import common
 
 POLICIES = ("none", "degree", "presample", "lru", "clock", "hmgraph")
 LAYOUTS = ("file", "hot-first")
@@ -40,17 +34,17 @@ VS_IN_MEMORY_MAX, VS_FLOOR_MIN = 1.5, 3.0
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from hmgraph.args import fraction, positive_int
-    from hmgraph.cache.budget import parse_budget
+    from hmgraph.args import fraction
     from hmgraph.loader import STAGING_SHARE
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    common.add_bench_arguments(parser, batch_size=None)
+    common.add_quick_arguments(parser, FULL, QUICK, "train on a seeded "
+                               "subset of max-batches x batch-size seeds")
     add = parser.add_argument
-    add("--dataset", help="default: synth-products; --quick: synth-tiny")
-    add("--device-budget", default="5%",
+    add("--device-budget", default="5%", type=common.budget,
         help="share of the feature bytes (5%%) or bytes with a unit")
-    add("--host-budgets", default="10%,20%", type=common.names())
+    add("--host-budgets", default="10%,20%",
+        type=common.names(check=common.budget))
     add("--policies", default=",".join(POLICIES),
         type=common.names(POLICIES))
     add("--layouts", default=",".join(LAYOUTS), type=common.names(LAYOUTS))
@@ -60,25 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--staging", type=fraction, default=None,
         help="share of the host budget staged for window read planning "
         f"(default: the loader's, {STAGING_SHARE:g})")
-    add("--max-batches", type=positive_int, default=None,
-        help="train on a seeded subset of max-batches x batch-size seeds "
-        "(default: all; --quick: 5)")
-    add("--out", help=f"JSON file (default: {FULL['out']}; --quick: "
-        f"{QUICK['out']}); the markdown goes beside it")
-    add("--quick", action="store_true",
-        help="smoke run: synth-tiny, batch 128, 5 batches")
-    args = parser.parse_args(argv)
-    for key, value in (QUICK if args.quick else FULL).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    args = common.finish_args(parser, parser.parse_args(argv), FULL, QUICK)
     args.baselines = [b for b in args.baselines if b != "none"]
-    try:
-        for text in (args.device_budget, *args.host_budgets):
-            parse_budget(text, 1)
-    except ValueError as err:
-        parser.error(str(err))
-    if not Path(args.root).is_dir() or not args.out.endswith(".json"):
-        parser.error("--root must exist and --out end in .json")
     return args
 
 
@@ -115,19 +92,6 @@ def prepare_layout(name: str, dataset, seeds, args):
     renumbered.graph.create_formats_()
     record["formats_seconds"] = time.perf_counter() - start
     return renumbered, renumbered.split["train"], record
-
-
-def train_seeds(dataset, args):
-    """The train split, or a seeded subset of ``max_batches`` batches."""
-    import torch
-
-    seeds = dataset.split["train"]
-    keep = (args.max_batches or 0) * args.batch_size
-    if not keep or keep >= seeds.numel():
-        return seeds
-    generator = torch.Generator().manual_seed(args.seed)
-    return seeds[torch.randperm(seeds.numel(), generator=generator)[:keep]
-                 .sort().values]
 
 
 def run_dgl(dataset, seeds, args, memmap: bool) -> dict:
@@ -172,36 +136,18 @@ def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
                 layout: dict) -> dict:
     """One epoch of `hmgraph.DataLoader` over the O_DIRECT storage tier;
     Belady on its trace (memoised by trace and capacity in ``memo``)."""
-    import dgl
-
-    import hmgraph
-
     config = f"{policy} / {layout['name']}"
-    model, optimizer = common.new_model(dataset, args.hidden,
-                                        len(args.fanouts), args.seed)
-    start = time.perf_counter()
-    loader = hmgraph.DataLoader(
-        dataset.graph, seeds, dgl.dataloading.NeighborSampler(args.fanouts),
-        features=dataset.feature_path, labels=dataset.labels,
-        batch_size=args.batch_size, shuffle=True, seed=args.seed,
-        cache=policy, device_budget_bytes=device_budget,
-        host_budget_bytes=host_budget, prefetch=PREFETCH, window=WINDOW,
-        profile_batches=PROFILE_BATCHES, staging=args.staging)
-    construct = time.perf_counter() - start
-    try:
-        warm = loader.stats.storage and loader.stats.storage.as_dict()
-        source = loader.cache.source
-        dgl.seed(args.seed)  # every configuration samples the same batches
-        loader.trace = []
-        run = common.hmgraph_epoch(loader, model, optimizer, desc=config + (
-            f" host {budget}" if budget else ""))
-        plan, trace = loader.plan, loader.trace
-    finally:
-        loader.close()
+    run = common.loader_epoch(
+        dataset, seeds, args, config + (f" host {budget}" if budget else ""),
+        trace=True, shuffle=True, cache=policy,
+        device_budget_bytes=device_budget, host_budget_bytes=host_budget,
+        prefetch=PREFETCH, window=WINDOW, profile_batches=PROFILE_BATCHES,
+        staging=args.staging)
+    plan, trace = run["loader"].plan, run["loader"].trace
     belady = belady_hit_rate(trace, plan.num_rows,
                              plan.device_rows + plan.host_rows, memo)
-    stats, disk = run["stats"], getattr(source, "disk", None)
-    cache = stats["cache"]
+    stats, source = run["stats"], run["source"]
+    cache, disk = stats["cache"], getattr(source, "disk", None)
     rates = {tier: cache["hit_rate"].get(key, 0.0) for tier, key in (
         ("device", "device"), ("host", "host"), ("staged", "staged"),
         ("storage", "source"))}
@@ -216,8 +162,10 @@ def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
                                                  belady["hit_rate"]),
         "storage": stats.get("storage"), "staging_rows": plan.staging_rows,
         "host_to_device_bytes": cache["bytes"].get("host->device", 0),
-        "seconds": run["seconds"], "construct_seconds": construct,
-        "layout_seconds": layout["seconds"], "warm_storage": warm,
+        "seconds": run["seconds"],
+        "construct_seconds": run["construct_seconds"],
+        "layout_seconds": layout["seconds"],
+        "warm_storage": run["warm_storage"],
         "direct": bool(getattr(source, "direct", False)),
         "disk": disk.as_dict() if disk is not None else None,
         "plan": plan.as_dict(), "loader": stats,
@@ -327,8 +275,6 @@ def targets(records: list[dict], layouts: list[str], epochs: int) -> list:
 
 def report(result: dict) -> str:
     """Setup, disk model, the table, notes and the targets."""
-    from hmgraph.cache.disk import DiskModel
-
     c, env, epochs = result["config"], result["environment"], \
         result["config"]["amortize_epochs"]
     rows = []
@@ -356,11 +302,6 @@ def report(result: dict) -> str:
         f"{'a reused' if r['reused'] else 'a rewritten'} file: "
         f"{r['seconds']:.1f} s)" if n != "file" else "file (rows as stored)"
         for n, r in result["layouts"].items())
-    keys = ("block_bytes", "iops", "bandwidth", "queue_depth", "device")
-    disk = ("Disk model of the storage tier: " + DiskModel(
-        **{k: c["disk_model"][k] for k in keys}).describe() + "; model "
-        "seconds = requests / IOPS + bytes / bandwidth." if c["disk_model"]
-        else "Disk model: none yet (no storage-tier run).")
     loads = [r["loadavg"][when][0] for r in result["records"]
              for when in ("before", "after")]
     return "\n".join([
@@ -375,9 +316,10 @@ def report(result: dict) -> str:
         f"{c['prefetch']}, window {c['window']}, {c['profile_batches']} "
         f"profiling batches, staging {staging} of the host budget; "
         f"layouts: {layouts or 'none yet'}; DGL's loader with "
-        f"num_workers={c['dgl_workers']}; torch {env['torch']}, dgl "
-        f"{env['dgl']}, {env['torch_num_threads']} threads, "
-        f"{env['cpu_count']} CPUs.", "", disk, "",
+        f"num_workers={c['dgl_workers']}; {common.environment_text(env)}.",
+        "", "Disk model of the storage tier: " + (
+            common.disk_text(c["disk_model"]) if c["disk_model"] else
+            "none yet (no storage-tier run)") + ".", "",
         common.markdown_table(
             ["config", "host budget", "storage GB", "I/O requests",
              "read amp (x)", "storage s", "model s", "storage / model (x)",
@@ -388,57 +330,37 @@ def report(result: dict) -> str:
              "vs in-memory (x)", "vs memmap floor (x faster)",
              "build s (layout + loader)",
              f"vs in-memory amortized over {epochs} epochs (x)"], rows), "",
-        "Storage columns are per epoch, in the disk's units: bytes and I/O "
-        "requests (preadv calls) of the storage tier, read amplification "
-        "(bytes read / bytes of the rows served), storage seconds against "
-        "the disk model's for the same requests and bytes, bytes vs none "
-        "(/ the no-cache run's in the same layout); the static fill's "
-        "reads are left out (`warm_storage`). Hit rates are shares of each "
-        "batch's unique input rows per tier (staged: rows an earlier "
-        "batch's block reads brought along); Belady: the optimal offline "
-        "policy on the run's own trace with the plan's device + host rows; "
-        "storage rows vs Belady is (1 - hit) / (1 - Belady hit). Epoch "
-        "seconds exclude construction: build s is the layout's (profile "
-        "and rewrite, once per layout) + the loader's (profiling, plan, "
-        "static fill); amortized: (build + N epochs) / N in-memory epochs. "
-        "The memmap floor's pages are dropped once before its epoch (bytes "
-        "from the process's block-device reads, requests unknown); "
-        "host->device counts every row not served by the device tier."
-        + (f" The machine is shared: its 1-minute load average was "
-           f"{min(loads):.1f} to {max(loads):.1f} around the runs."
-           if loads else ""), "", "## Targets", "",
+        "Storage columns: the storage tier's reads per epoch (static fill "
+        "left out: `warm_storage`); model s prices them with the disk "
+        "model; bytes vs none: / the no-cache run's in the same layout. "
+        "Hit rates: shares of each batch's unique input rows per tier; "
+        "Belady: the optimal offline policy on the run's trace with the "
+        "plan's device + host rows. Build s: layout + loader, outside the "
+        "epoch; amortized: (build + N epochs) / N in-memory epochs. The "
+        "memmap floor's pages are dropped once before its epoch."
+        + (f" Load average {min(loads):.1f} to {max(loads):.1f} around the "
+           "runs." if loads else ""), "", "## Targets", "",
         common.targets_table(result["targets"]), ""])
 
 
 def main(argv=None) -> int:
-    import gc
-
-    from hmgraph import datasets
     from hmgraph.cache.budget import parse_budget
     from hmgraph.loader import STAGING_SHARE
 
     args = parse_args(argv)
     common.watch_memory()
-    start = time.perf_counter()
-    dataset = datasets.load(  # rows in memory only for that baseline
-        args.dataset, args.root, verify=False, features_on="memory"
+    dataset, facts = common.load(  # rows in memory only for that baseline
+        args.dataset, args.root, features_on="memory"
         if "in-memory" in args.baselines else "disk")
-    load_seconds = time.perf_counter() - start
-    start = time.perf_counter()
-    dataset.graph.create_formats_()
-    prepare_seconds = time.perf_counter() - start
-    seeds = train_seeds(dataset, args)
+    seeds = common.seeded_subset(dataset.split["train"], args.max_batches,
+                                 args.batch_size, args.seed)
     feature_bytes = dataset.manifest.data_bytes
     device_budget = parse_budget(args.device_budget, feature_bytes)
     host_budgets = {b: parse_budget(b, feature_bytes)
                     for b in args.host_budgets}
     result = {
-        "commit": common.commit(),
-        "config": dict(
-            {k: v for k, v in vars(args).items() if k != "out"},
-            feature_path=str(dataset.feature_path),
-            feature_bytes=feature_bytes, nodes=dataset.num_nodes,
-            edges=dataset.graph.num_edges(), feat_dim=dataset.feat_dim,
+        "config": common.settings(
+            args, **facts,
             train_seeds=int(seeds.numel()),
             batches_per_epoch=-(-seeds.numel() // args.batch_size),
             device_budget_bytes=device_budget, host_budgets=host_budgets,
@@ -446,20 +368,16 @@ def main(argv=None) -> int:
             target_host_budget=TARGET_HOST_BUDGET, model="sage",
             num_layers=len(args.fanouts), dropout=common.DROPOUT,
             lr=common.LR, epochs=1, prefetch=PREFETCH, window=WINDOW,
-            profile_batches=PROFILE_BATCHES, device="cpu",
-            load_seconds=load_seconds, prepare_seconds=prepare_seconds),
+            profile_batches=PROFILE_BATCHES, device="cpu"),
         "environment": dict(common.environment(), o_direct=None),
         "layouts": {}, "records": [], "targets": [],
     }
-    print(f"{args.dataset}: loaded in {load_seconds:.1f} s, "
-          f"{result['config']['batches_per_epoch']} batches per epoch, "
-          f"features {feature_bytes / 1e9:.2f} GB", flush=True)
     # Layouts before any epoch: after DGL's own loader has sampled in this
     # process, the profile does not always repeat (no reuse of the file).
-    layouts = {}
-    for name in args.layouts:
-        layouts[name] = prepare_layout(name, dataset, seeds, args)
-        result["layouts"][name] = layouts[name][2]
+    layouts = {name: prepare_layout(name, dataset, seeds, args)
+               for name in args.layouts}
+    result["layouts"] = {name: built for name, (*_, built) in
+                         layouts.items()}
     runs = [(BASELINES[name], None, "file") for name in args.baselines]
     for layout in args.layouts:
         runs += [("none", None, layout)] if "none" in args.policies else []
@@ -485,10 +403,8 @@ def main(argv=None) -> int:
                                     args.amortize_epochs)
         common.write_results(result, report(result), args.out)
         print(f"{record['config']} host {budget or '-'}: epoch "
-              f"{record['seconds']['epoch']:.2f} s", flush=True)
-    print(report(result))
-    print(f"wrote {args.out}")
-    return 0
+              f"{record['seconds']['epoch']:.2f} s", file=sys.stderr)
+    return common.finish(result, report(result), args.out)
 
 
 if __name__ == "__main__":

@@ -1,23 +1,12 @@
 """Cluster sampling (2PGraph) against DGL's uniform neighbour sampling.
 
-Four parts, the results rewritten after each: (1) **sampling**: one epoch
-of blocks per sampler, seconds inside ``sampler.sample`` only, DGL's
-``NeighborSampler`` (seeds shuffled) and `ClusterSampler` at locality 0.5
-and 1, group size 4 and 1 (seeds in `order_seeds` order), METIS parts one
-per batch (`common.metis_parts`); (2) **hit rates**: static ``presample``
-and ``layer-aware`` placement, device tier 5 % and host tier 20 % of the
-rows, profiled over a whole epoch of the same sampler (another draw),
-replayed on the epoch traces of DGL's sampler and the cluster sampler at
-locality 1, Belady as the ceiling; (3) **storage**: those traces read
-through `StorageFeature` (``O_DIRECT``) from the feature file and from the
-file renumbered by cluster; (4) **accuracy**: `hmgraph.train` with exact
-and cluster sampling on synth-small and Cora. Targets: each cluster
-sampler (group size 4) samples in at most 0.5x DGL's time; renumbering at
-most halves the cluster trace's pages; test accuracy within 1 point of
-exact sampling. Details in bench/README.md.
-
-Examples: ``python bench/cluster.py`` (synth-products); ``python
-bench/cluster.py --quick --root /tmp/hmg``.
+Four parts, the results rewritten after each: (1) sampling seconds per
+sampler, METIS parts one per batch (`common.metis_parts`); (2) static
+placement hit rates on the epoch traces; (3) storage pages of those traces
+from the feature file and the file renumbered by cluster; (4) accuracy of
+`hmgraph.train` with exact and cluster sampling on synth-small and Cora.
+Details and targets: bench/README.md.
+``python bench/cluster.py --quick --root /tmp/hmg``.
 """
 
 from __future__ import annotations
@@ -30,9 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import common  # noqa: E402
+import common
 
 PROFILE_SEED_OFFSET = 7919  # as `hmgraph.DataLoader` profiles
 DEVICE_SHARE, HOST_SHARE = 0.05, 0.20
@@ -66,31 +53,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     from hmgraph.datasets.planetoid import find_planetoid
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", help="dataset of parts 1-3 (default "
-                        "synth-products; --quick: synth-tiny)")
-    common.add_bench_arguments(parser, batch_size=None)
-    for flag, text in (("--max-batches", "batches per trace read from "
-                        "storage, the rest counted from its read plan "
-                        "(default all; --quick: 3)"),
-                       ("--repeats", "sampling epochs per sampler, the "
-                        "fastest counts (default 2)"),
-                       ("--epochs", "training epochs on synth-small "
-                        "(default 20)"),
-                       ("--cora-epochs", "training epochs on Cora "
-                        "(default 100)"),
-                       ("--runs", "training runs per configuration "
-                        "(default 2)")):
-        parser.add_argument(flag, type=positive_int, help=text)
+    common.add_quick_arguments(parser, DEFAULTS, QUICK, "batches per trace "
+                               "read from storage, the rest counted from its "
+                               "read plan")
+    for flag in ("--repeats", "--epochs", "--cora-epochs", "--runs"):
+        parser.add_argument(flag, type=positive_int, help="default "
+                            f"{DEFAULTS[flag[2:].replace('-', '_')]}")
     parser.add_argument("--eval-every", type=positive_int, default=1)
     parser.add_argument("--cora-root", default="../shared/data",
                         help="folder holding Cora/; '' skips Cora")
     parser.add_argument("--parts", type=common.names(PARTS),
                         default=list(PARTS), help="hit_rates and storage "
                         "run sampling too")
-    parser.add_argument("--out", help=f"default {DEFAULTS['out']}")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: synth-tiny, batch 128, 3 batches "
-                        "read, 2 + 5 epochs, 1 run")
     args = common.finish_args(parser, parser.parse_args(argv), DEFAULTS,
                               QUICK)
     if {"hit_rates", "storage"} & set(args.parts):
@@ -385,26 +359,19 @@ def targets(result: dict) -> list[dict]:
 def report(result: dict) -> str:
     c, env = result["config"], result["environment"]
     fanouts = ",".join(map(str, c["fanouts"]))
-    pct = "{:.1f}".format
-    text = ["# Cluster sampling", "", f"torch {env['torch']}, dgl "
-            f"{env['dgl']}, {env['torch_num_threads']} threads, "
-            f"{env['cpu_count']} CPUs, load average {env['loadavg'][0]:.1f} "
-            f"at the start (per part in the JSON).", ""]
+    text = ["# Cluster sampling", "", f"{common.environment_text(env)} "
+            "(per part in the JSON).", ""]
     if "nodes" in c:
         text[2] = (f"{c['dataset']}: {c['nodes']:,} nodes, {c['edges']:,} "
                    f"edges, {c['train_seeds']:,} train seeds in "
                    f"{c['batches']} batches of {c['batch_size']}, fanouts "
-                   f"{fanouts}. " + text[2])
+                   f"{fanouts}; " + text[2])
         text += [common.metis_text(result["metis"]), ""]
     if result["sampling"]:
-        text += ["## Sampling", "", "One epoch of blocks per sampler, no "
-                 "feature reads; seconds in `sampler.sample` only, the "
-                 f"fastest of {c['repeats']} interleaved epoch(s). DGL's "
-                 "seeds shuffled, the cluster samplers' in `order_seeds` "
-                 "order. Construct: the sampler's edge weights and, for the "
-                 "cluster samplers, METIS; amortized: (construct + N x "
-                 f"sample) / (N x DGL's sample), N = {c['amortize_epochs']}.",
-                 "", common.markdown_table(
+        text += ["## Sampling", "", "Seconds in `sampler.sample` only, the "
+                 f"fastest of {c['repeats']} interleaved epoch(s); construct:"
+                 " edge weights and METIS; amortized over N = "
+                 f"{c['amortize_epochs']} epochs.", "", common.markdown_table(
                      ["sampler", "batches", "sample s", "vs DGL (x)",
                       "construct s", "amortized vs DGL (x)",
                       "input nodes/batch", "sampled edges/batch",
@@ -418,14 +385,11 @@ def report(result: dict) -> str:
     if result["hit_rates"]:
         r0 = result["hit_rates"][0]
         text += ["## Static placement hit rates", "", f"Device tier "
-                 f"{pct(100 * DEVICE_SHARE)} % of rows ({r0['device_rows']:,}"
-                 f"), host tier {pct(100 * HOST_SHARE)} % "
-                 f"({r0['host_rows']:,}); profile: `presample` over a whole "
-                 f"epoch ({r0['profile_batches']} batches) with the same "
-                 f"sampler, seed {r0['profile_seed']} (another draw than the"
-                 " epoch's). Hit rates are shares of each batch's unique "
-                 "input rows over the whole epoch trace; Belady: the optimal"
-                 " offline policy with device + host rows.", "",
+                 f"{100 * DEVICE_SHARE:.1f} % of rows ({r0['device_rows']:,})"
+                 f", host tier {100 * HOST_SHARE:.1f} % ({r0['host_rows']:,})"
+                 f"; profile: `presample` over {r0['profile_batches']} "
+                 f"batches, seed {r0['profile_seed']}; Belady: the optimal "
+                 "offline policy with device + host rows.", "",
                  common.markdown_table(
                      ["trace", "policy", "device hit %", "host hit %",
                       "storage %", "device + host %",
@@ -437,16 +401,14 @@ def report(result: dict) -> str:
                        100 * r["belady_hit_rate"], r["profiled_rows"]]
                       for r in result["hit_rates"]]), ""]
     if result["storage"]:
-        text += ["## Storage pages per epoch", "", "Each trace read through "
-                 f"`StorageFeature` (O_DIRECT: {result['storage'][0]['direct']}"
-                 "; no cache) from the original feature file and from the "
-                 "file renumbered by cluster (`" + result["renumber"]["path"]
-                 + f"`, made or found in {result['renumber']['seconds']:.1f}"
-                 " s). Pages are exact: the batches read counted by the tier,"
-                 " the rest from its read plan (plan matched the reads: "
+        text += ["## Storage pages per epoch", "", "`StorageFeature` (O_DIRECT"
+                 f": {result['storage'][0]['direct']}; no cache), original "
+                 "file and renumbered by cluster (`" + result["renumber"][
+                     "path"] + f"`, {result['renumber']['seconds']:.1f} s); "
+                 "unread batches counted from the read plan (plan matched the"
+                 " reads: "
                  f"{all(r['plan_matches_reads'] for r in result['storage'])})"
-                 "; they include the short gaps the tier reads through.", "",
-                 common.markdown_table(
+                 ".", "", common.markdown_table(
                      ["trace", "layout", "pages/epoch", "GB/epoch",
                       "pages/batch", "vs original (x)", "batches read",
                       "read s/batch"],
@@ -456,17 +418,15 @@ def report(result: dict) -> str:
                        r["read_seconds_per_batch"]]
                       for r in result["storage"]]), ""]
     if result["accuracy"]:
-        text += ["## Accuracy", "", "`hmgraph.train`, GraphSAGE, Adam; "
-                 "exact: DGL's `NeighborSampler`, cluster: `ClusterSampler`,"
-                 f" group size {TRAIN_GROUP_SIZE}, one METIS cluster per "
-                 "batch. Test accuracy at the epoch of best validation "
-                 f"(evaluated every {c['eval_every']} epoch(s) and after the"
-                 " last), mean ± std over runs; gap: exact minus cluster. "
-                 f"synth: fanouts {fanouts}, batch {c['batch_size']}, hidden"
-                 f" {c['hidden']}, lr {SYNTH_TRAIN['lr']}; Cora (public "
-                 f"split): fanouts 10,10, batch {CORA['batch_size']}, hidden "
-                 f"{CORA['hidden']}, lr {CORA['lr']}, weight decay "
-                 f"{CORA['weight_decay']}.", "", common.markdown_table(
+        text += ["## Accuracy", "", "`hmgraph.train`, GraphSAGE; cluster: "
+                 f"group size {TRAIN_GROUP_SIZE}. Test accuracy at the best "
+                 f"validation (every {c['eval_every']} epoch(s)), mean ± std "
+                 f"over runs. synth: fanouts {fanouts}, batch "
+                 f"{c['batch_size']}, hidden {c['hidden']}, lr "
+                 f"{SYNTH_TRAIN['lr']}; Cora: fanouts 10,10, batch "
+                 f"{CORA['batch_size']}, hidden {CORA['hidden']}, lr "
+                 f"{CORA['lr']}, weight decay {CORA['weight_decay']}.", "",
+                 common.markdown_table(
                      ["dataset", "sampler", "epochs", "runs",
                       "test % (best valid)", "per run", "test % last epoch",
                       "gap vs exact (points)", "epoch s", "eval s"],
@@ -494,42 +454,23 @@ def write(result: dict, args, part: str | None = None) -> None:
 
 
 def main(argv=None) -> int:
-    from hmgraph import datasets
-
     args = parse_args(argv)
     common.watch_memory()
-    result = {"commit": common.commit(), "config": {
-        "dataset": args.dataset, "root": str(args.root),
-        "fanouts": args.fanouts, "batch_size": args.batch_size,
-        "repeats": args.repeats, "max_batches": args.max_batches,
-        "parts": args.parts, "quick": args.quick,
-        "accuracy_datasets": [args.small] + (["cora"] if args.cora_root
-                                             else []),
-        "epochs": args.epochs, "cora_epochs": args.cora_epochs,
-        "runs": args.runs, "hidden": args.hidden,
-        "eval_every": args.eval_every, "cora_root": args.cora_root,
-        "seed": args.seed, "amortize_epochs": args.amortize_epochs,
-        "device_share": DEVICE_SHARE, "host_share": HOST_SHARE,
-        "profile_batches": "the epoch's"},
+    result = {"config": common.settings(
+        args, accuracy_datasets=[args.small] + (["cora"] if args.cora_root
+                                                else []),
+        device_share=DEVICE_SHARE, host_share=HOST_SHARE,
+        profile_batches="the epoch's"),
         "environment": common.environment(), "metis": None, "sampling": [],
         "hit_rates": [], "storage": [], "renumber": None, "accuracy": [],
         "targets": [], "notes": [], "loadavg": {},
         "started_unix": time.time()}
     if "sampling" in args.parts:
-        began = time.perf_counter()
-        dataset = datasets.load(args.dataset, args.root, verify=False)
-        load_seconds = time.perf_counter() - began
-        began = time.perf_counter()
-        dataset.graph.create_formats_()
+        dataset, facts = common.load(args.dataset, args.root)
         train = dataset.split["train"].numel()
         batches = -(-train // args.batch_size)
         result["config"].update(
-            nodes=dataset.num_nodes, edges=dataset.graph.num_edges(),
-            train_seeds=train, batches=batches, num_clusters=batches,
-            feature_path=str(dataset.feature_path),
-            feature_bytes=dataset.manifest.data_bytes,
-            row_bytes=dataset.manifest.row_bytes, load_seconds=load_seconds,
-            prepare_seconds=time.perf_counter() - began)
+            facts, train_seeds=train, batches=batches, num_clusters=batches)
         parts, result["metis"] = common.metis_parts(dataset, args.root,
                                                     batches)
         print(common.metis_text(result["metis"]), file=sys.stderr)
@@ -549,19 +490,15 @@ def main(argv=None) -> int:
                    for r in result["storage"]):
                 result["notes"].append(
                     f"Storage: the first {args.max_batches} batches of each "
-                    "trace were read (timed); the pages of the others were "
-                    "counted from the tier's read plan, so pages per epoch "
-                    "are exact and read s/batch is over the batches read.")
+                    "trace were read (timed), the others' pages counted from "
+                    "the read plan; read s/batch is over the batches read.")
             write(result, args, "storage")
         del dataset, traces
         gc.collect()
     if "accuracy" in args.parts:
         part_accuracy(args, result)
-        write(result, args, "accuracy")
-    write(result, args)
-    print(report(result), end="")
-    print(f"wrote {args.out}", file=sys.stderr)
-    return 0
+    write(result, args, "accuracy" if "accuracy" in args.parts else None)
+    return common.finish(result, report(result), args.out)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,10 @@
 """Out of core: train when node features are larger than host memory.
 
 Each configuration in its own process (`common.isolated`): DGL's loader
-over rows in memory (where they fit) and over an ``np.memmap`` of the
-feature file (plain and ``MADV_RANDOM``; pages dropped once before each
-epoch), and hmgraph's loader with features on disk at its default budgets
-(construction timed, then the full evaluation). Targets of issue 13;
-details in bench/README.md.
-
-Examples: ``python bench/outofcore.py --root data`` (synth-igb and
-synth-igb-large); ``python bench/outofcore.py --datasets synth-tiny
+over rows in memory (where they fit) and over an ``np.memmap`` (plain and
+``MADV_RANDOM``), and hmgraph's loader with features on disk at its
+default budgets, then its full evaluation. Targets of issue 13; details
+in bench/README.md. ``python bench/outofcore.py --datasets synth-tiny
 --batches 4 --quick --out /tmp/ooc``.
 """
 
@@ -19,9 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import common  # noqa: E402
+import common
 
 GIB = 1 << 30
 CONFIGS = ("dgl memory", "dgl memmap", "dgl memmap-random", "hmgraph")
@@ -30,26 +24,19 @@ CONFIGS = ("dgl memory", "dgl memmap", "dgl memmap-random", "hmgraph")
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_bench_arguments(parser, datasets="synth-igb,synth-igb-large")
-    parser.add_argument("--batches", type=int, default=0,
-                        help="batches timed per configuration (0: the "
-                        "whole epoch)")
-    parser.add_argument("--out", default=str(common.RESULTS),
-                        help="folder for outofcore.{json,md}")
-    parser.add_argument("--max-seconds", type=float, default=900.0,
-                        help="stop a DGL epoch after the batch that ends "
-                        "past this many seconds (0: no cap); ratios are "
-                        "then per batch")
-    parser.add_argument("--configs", default=",".join(CONFIGS),
-                        type=common.names(CONFIGS),
-                        help="configurations to run (dgl memory runs only "
-                        "where the features fit in RAM)")
-    parser.add_argument("--timeout", type=float, default=3600.0,
-                        help="kill a configuration's process after this "
-                        "many seconds (0: never), e.g. a memmap gather "
-                        "stuck inside its first batch; it is reported as "
-                        "failed with the bytes it read")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: skip the disk measurement")
+    add = parser.add_argument
+    add("--batches", type=int, default=0,
+        help="batches timed per configuration (0: the whole epoch)")
+    add("--out", default=str(common.RESULTS),
+        help="folder for outofcore.{json,md}")
+    add("--max-seconds", type=float, default=900.0, help="stop a DGL epoch "
+        "after the batch past this many seconds (0: no cap)")
+    add("--configs", default=",".join(CONFIGS), type=common.names(CONFIGS),
+        help="configurations to run (dgl memory only where features fit)")
+    add("--timeout", type=float, default=3600.0, help="kill a "
+        "configuration's process after this many seconds (0: never)")
+    add("--quick", action="store_true",
+        help="smoke run: skip the disk measurement")
     return parser.parse_args(argv)
 
 
@@ -187,8 +174,6 @@ def targets(records: list[dict], epochs: int) -> list[dict]:
 
 
 def report(result: dict) -> str:
-    from hmgraph.cache.disk import DiskModel
-
     a, epochs = result["args"], result["args"]["amortize_epochs"]
     lines = ["# Out of core", "",
              f"Workload: NeighborSampler {a['fanouts']}, batch "
@@ -198,9 +183,8 @@ def report(result: dict) -> str:
              f"num_workers={a['dgl_workers']}, memmap pages dropped once "
              f"before each epoch.", ""]
     if result.get("disk"):
-        keys = ("block_bytes", "iops", "bandwidth", "queue_depth", "device")
-        disk = DiskModel(**{k: result["disk"][k] for k in keys})
-        lines += [f"Disk (measured in this run): {disk.describe()}.", ""]
+        lines += ["Disk (measured in this run): "
+                  f"{common.disk_text(result['disk'])}.", ""]
     rows = []
     for r in result["records"]:
         train, only = r["train"], r["loader"]
@@ -224,13 +208,10 @@ def report(result: dict) -> str:
          f"memmap / this, amortized over {epochs} epochs", "load s",
          "disk GB read (train)", "storage requests", "amplification",
          "storage s", "model s", "peak RSS GB"], rows), "",
-        "Batches marked capped stopped at `--max-seconds`; ratios are per "
-        "batch; amortized: whole epochs estimated from seconds per batch, "
-        "construction (profiling, plan, static fill) added once. Disk GB "
-        "read: block-device reads of the process during the training "
-        "epoch. Storage requests, amplification (bytes read / bytes of "
-        "rows served) and seconds: hmgraph's storage tier; model s: the "
-        "same requests and bytes priced by the disk model.", ""]
+        "Capped: stopped at `--max-seconds`; ratios are per batch, "
+        "amortized over whole epochs with construction added once. Disk GB"
+        ": the process's block-device reads; storage columns: hmgraph's "
+        "storage tier, model s its requests priced by the disk model.", ""]
     evals = [r for r in result["records"] if "evaluation" in r]
     if evals:
         lines += ["Full evaluation after the epoch (hmgraph):", "",
@@ -292,12 +273,8 @@ def main(argv=None) -> int:
                   f"construct {record['construct_seconds']:.1f} s, peak RSS "
                   f"{record['peak_rss_bytes'] / 1e9:.2f} GB", flush=True)
     result["targets"] = targets(result["records"], args.amortize_epochs)
-    markdown = report(result)
-    path = common.write_results(result, markdown,
-                                Path(args.out) / "outofcore.json")
-    print(markdown)
-    print(f"results: {path}")
-    return 0
+    return common.finish(result, report(result),
+                         Path(args.out) / "outofcore.json")
 
 
 if __name__ == "__main__":

@@ -2,14 +2,9 @@
 
 Per method of `hmgraph.partition.METHODS`: the assignment (timed), then
 one epoch of every part's trainer replayed on the whole graph
-(`hmgraph.partition.partition_stats`); a second table on machines of
-unequal budgets. Target: ``self-dependence`` moves at most 0.5x METIS's
-remote feature bytes at a replication factor of at most 1.5. Details in
-bench/README.md.
-
-Examples: ``python bench/partition.py`` (synth-products);
-``python bench/partition.py --dataset synth-tiny --root /tmp/hmg --out
-/tmp/partition.json``.
+(`hmgraph.partition.partition_stats`), on equal and on unequal machines.
+Targets and options: bench/README.md. ``python bench/partition.py
+--dataset synth-tiny --root /tmp/hmg --out /tmp/partition.json``.
 """
 
 from __future__ import annotations
@@ -19,9 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import common  # noqa: E402
+import common
 
 REMOTE_RATIO_MAX = 0.5
 REPLICATION_MAX = 1.5
@@ -34,8 +27,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--parts", type=int, default=4)
     parser.add_argument("--clusters-per-part", type=int, default=16)
     parser.add_argument("--replication", type=float, default=0.5)
-    parser.add_argument("--device-budget", default="5%")
-    parser.add_argument("--host-budget", default="20%")
+    parser.add_argument("--device-budget", default="5%", type=common.budget)
+    parser.add_argument("--host-budget", default="20%", type=common.budget)
     parser.add_argument("--unequal-budgets", default="40%,20%,20%,20%",
                         help="fast-tier budget per machine for the second "
                         "table; empty to skip it")
@@ -133,13 +126,10 @@ def markdown(result: dict) -> str:
                   f"Fast-tier budgets {result['unequal_budgets']} of the "
                   "feature bytes.", "", *_tables(result["unequal"])]
     lines += [
-        "Remote bytes and requests are counted on the whole graph with the "
-        "sampler of training: DGL's distributed sampling returns the same "
-        "neighbourhoods, served by several servers. Fast-tier hit %: a "
-        "static cache of the machine's budget with the part's most-read "
-        "rows (profile seed 0, epoch seed 1). Hot fill: the job's hot bytes "
-        "(most-read rows that all fast tiers together hold) the part owns, "
-        "over its budget.", "", "## Targets", "",
+        "Remote bytes and requests: on the whole graph with the sampler of "
+        "training. Fast-tier hit %: a static cache of the machine's budget "
+        "(profile seed 0, epoch seed 1). Hot fill: the job's hot bytes the "
+        "part owns, over its budget.", "", "## Targets", "",
         common.targets_table(targets(result["equal"])), ""]
     return "\n".join(lines)
 
@@ -185,9 +175,7 @@ def main(argv=None) -> int:
         result["targets"] = targets(result["equal"])
         common.write_results(result, markdown(result), args.out)
         print(f"{label}: done", file=sys.stderr)
-    print(markdown(result))
-    print(f"wrote {args.out}", file=sys.stderr)
-    return 0
+    return common.finish(result, markdown(result), args.out)
 
 
 if __name__ == "__main__":

@@ -20,10 +20,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-os.environ.setdefault("OUTDATED_IGNORE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common
 
-import common  # noqa: E402
+os.environ.setdefault("OUTDATED_IGNORE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = REPO.parent / "shared" / "data"
@@ -38,45 +37,34 @@ FAMILIES = {"hap": ["hap", "hap-sum"], "gin": ["gin", "gin-mean"]}
 # Relative cost of one epoch (measured on 2 cores), to start big jobs first.
 COST = {"NCI1": 8.0, "PROTEINS": 3.0, "ENZYMES": 1.5, "MUTAG": 0.3}
 
-# Published 10-fold figures (accuracy %, mean ± std), by paper. Each
-# paper's protocol is in PROTOCOLS; none is the same as ours.
+# Published 10-fold figures (accuracy %, mean ± std) by paper, with the
+# paper's protocol; none is the same as ours.
 PUBLISHED = {
-    "SAGPool paper (Lee et al. 2019, Table 3)": {
-        "sagpool": {"PROTEINS": "71.86 ± 0.97", "NCI1": "67.45 ± 1.11"},
-        "topk": {"PROTEINS": "71.10 ± 0.90", "NCI1": "67.02 ± 2.25"},
-        "diffpool": {"PROTEINS": "68.20 ± 2.02", "NCI1": "62.32 ± 1.90"},
-    },
-    "DiffPool paper (Ying et al. 2018, Table 1)": {
-        "diffpool": {"PROTEINS": "76.25", "ENZYMES": "62.53"},
-    },
-    "GIN paper (Xu et al. 2019, Table 1, GIN-0)": {
-        "gin": {"MUTAG": "89.4 ± 5.6", "PROTEINS": "76.2 ± 2.8",
-                "NCI1": "82.7 ± 1.7"},
-    },
-    "Errica et al. 2020 (fair comparison, Table 3)": {
-        "gin": {"PROTEINS": "73.3 ± 4.0", "NCI1": "80.0 ± 1.4",
-                "ENZYMES": "59.6 ± 4.5"},
-        "diffpool": {"PROTEINS": "73.7 ± 3.5", "NCI1": "76.9 ± 1.9",
-                     "ENZYMES": "59.5 ± 5.6"},
-    },
+    "SAGPool paper (Lee et al. 2019, Table 3)": (
+        "10-fold CV repeated with 20 seeds, 10 % of each training fold for "
+        "validation, early stopping on validation loss (patience 50), "
+        "hidden 128, lr 5e-4", {
+            "sagpool": {"PROTEINS": "71.86 ± 0.97", "NCI1": "67.45 ± 1.11"},
+            "topk": {"PROTEINS": "71.10 ± 0.90", "NCI1": "67.02 ± 2.25"},
+            "diffpool": {"PROTEINS": "68.20 ± 2.02",
+                         "NCI1": "62.32 ± 1.90"}}),
+    "DiffPool paper (Ying et al. 2018, Table 1)": (
+        "10-fold CV, no separate validation set reported",
+        {"diffpool": {"PROTEINS": "76.25", "ENZYMES": "62.53"}}),
+    "GIN paper (Xu et al. 2019, Table 1, GIN-0)": (
+        "10-fold CV; the epoch best on the test folds' mean is reported",
+        {"gin": {"MUTAG": "89.4 ± 5.6", "PROTEINS": "76.2 ± 2.8",
+                 "NCI1": "82.7 ± 1.7"}}),
+    "Errica et al. 2020 (fair comparison, Table 3)": (
+        "10-fold CV, hold-out validation inside each training fold for "
+        "grid search and early stopping; the closest to ours", {
+            "gin": {"PROTEINS": "73.3 ± 4.0", "NCI1": "80.0 ± 1.4",
+                    "ENZYMES": "59.6 ± 4.5"},
+            "diffpool": {"PROTEINS": "73.7 ± 3.5", "NCI1": "76.9 ± 1.9",
+                         "ENZYMES": "59.5 ± 5.6"}}),
 }
-PROTOCOLS = {
-    "SAGPool paper (Lee et al. 2019, Table 3)":
-        "10-fold CV repeated with 20 seeds (200 test results), 10 % of "
-        "each training fold for validation, early stopping on validation "
-        "loss (patience 50), hierarchical SAGPool_h / gPool / DiffPool in "
-        "one architecture, hidden 128, lr 5e-4",
-    "DiffPool paper (Ying et al. 2018, Table 1)":
-        "10-fold CV, mean accuracy over folds, no separate validation "
-        "set reported (selection on the evaluation folds)",
-    "GIN paper (Xu et al. 2019, Table 1, GIN-0)":
-        "10-fold CV; the single epoch with the best accuracy averaged over "
-        "the 10 test folds is reported (test folds used for selection)",
-    "Errica et al. 2020 (fair comparison, Table 3)":
-        "10-fold CV with a hold-out validation split inside each training "
-        "fold for model selection (grid search) and early stopping; the "
-        "closest to ours",
-}
+SETTINGS = ("folds", "epochs", "patience", "batch_size", "hidden", "lr",
+            "seed")
 
 
 def _job(dataset, model, settings, root, threads):
@@ -108,13 +96,6 @@ def _max_folds(text, folds):
     return lambda dataset: limits.get(dataset, limits.get("*", folds))
 
 
-def _cell(summary, metric_scale=100.0):
-    if summary is None:
-        return "—"
-    return (f"{summary['test_mean'] * metric_scale:.2f} ± "
-            f"{summary['test_std'] * metric_scale:.2f}")
-
-
 def family_of(model):
     """The family (`FAMILIES`) a configuration belongs to."""
     return next((f for f, members in FAMILIES.items() if model in members),
@@ -122,15 +103,9 @@ def family_of(model):
 
 
 def select_on_validation(records):
-    """Per (dataset, family): each fold's pick among the family's runs.
-
-    Returns
-    -------
-    dict
-        ``{(dataset, family): {"summary": ..., "picks": {model: folds}}}``
-        with the summary (`hmgraph.classify.summarize`) over the folds'
-        picks; folds are those every configuration of the family ran.
-    """
+    """Per (dataset, family): each fold's pick among the family's runs,
+    ``{(dataset, family): {"summary": ..., "picks": {model: folds}}}``,
+    over the folds every configuration of the family ran."""
     from hmgraph.classify import summarize
 
     groups = {}
@@ -153,12 +128,8 @@ def select_on_validation(records):
 
 
 def targets(records, datasets, selected):
-    """Per dataset: the best model and HAP's margin to the best other.
-
-    Models are compared by their per-fold picks on validation
-    (``selected``, from `select_on_validation`); a family of one run is
-    that run.
-    """
+    """Per dataset: the best model and HAP's margin to the best other,
+    models compared by their picks (`select_on_validation`)."""
     out = {}
     for dataset in datasets:
         means = {family: v["summary"]["test_mean"]
@@ -182,14 +153,8 @@ def targets(records, datasets, selected):
 
 
 def fixed_settings(records, datasets):
-    """Each HAP configuration alone against every other configuration.
-
-    Returns
-    -------
-    dict
-        Per HAP configuration run: ``wins`` and per dataset the margin in
-        points to the best non-HAP configuration (no selection at all).
-    """
+    """Per HAP configuration: ``wins`` and per dataset the margin in
+    points to the best non-HAP configuration (no selection)."""
     means = {(r["dataset"], r["model"]): r["summary"]["test_mean"]
              for r in records}
     out = {}
@@ -214,13 +179,10 @@ def markdown(report) -> str:
     lines = [
         "# Graph classification: HAP vs pooling baselines",
         "",
-        f"Protocol (ours, every cell): stratified {config['folds']}-fold "
-        "CV, a stratified validation set as large as the test fold carved "
-        "from each training fold (8:1:1), model selection (best validation "
-        "accuracy, ties by validation loss) and early stopping "
-        f"(patience {config['patience']}) on validation only, the best "
-        "epoch's weights scored once on the test fold; test accuracy % "
-        "mean ± std over the folds run. "
+        f"Protocol (every cell): stratified {config['folds']}-fold CV, "
+        "validation carved from each training fold (8:1:1), selection and "
+        f"early stopping (patience {config['patience']}) on validation "
+        "only; test accuracy % mean ± std over the folds run. "
         f"Adam lr {config['lr']}, batch {config['batch_size']}, hidden "
         f"{config['hidden']}, at most {config['epochs']} epochs, 3 levels, "
         f"seed {config['seed']}.",
@@ -236,7 +198,9 @@ def markdown(report) -> str:
             cells = [row]
             for dataset in datasets:
                 entry = lookup.get((dataset, row))
-                cell = _cell(entry["summary"] if entry else None)
+                s = entry and entry["summary"]
+                cell = f"{100 * s['test_mean']:.2f} ± " \
+                    f"{100 * s['test_std']:.2f}" if s else "—"
                 if entry and entry["summary"]["folds_run"] < config["folds"]:
                     cell += f" ({entry['summary']['folds_run']} folds)"
                 if entry and len(entry.get("picks", {})) > 1:
@@ -276,7 +240,7 @@ def markdown(report) -> str:
                   for r in (by_key.get((d, m)) for d in datasets))]
             for m in models]
     published = [[source, model, *(values.get(d, "—") for d in datasets)]
-                 for source, table in PUBLISHED.items()
+                 for source, (_, table) in PUBLISHED.items()
                  for model, values in table.items()]
     lines += ["", "Mean epochs run per fold (early stopping) and wall "
               "seconds per cell:", "",
@@ -284,21 +248,13 @@ def markdown(report) -> str:
               "## Published figures (their protocols, not ours)", "",
               common.markdown_table(["source", "model", *datasets],
                                     published)]
-    lines += ["", "Protocols of the cited figures:", ""]
-    lines += [f"- **{source}**: {text}." for source, text in
-              PROTOCOLS.items()]
-    lines += ["", "Figures are transcribed from the papers' tables (the "
-              "SAGPool_h figures and Errica et al.'s GIN NCI1 / ENZYMES "
-              "figures were cross-checked against public result listings; "
-              "the others were not re-checked here). The GIN "
-              "paper's are optimistic by construction (test folds pick the "
-              "epoch) and DiffPool's report no held-out selection. Errica "
-              "et al.'s protocol is the one ours follows; they tune every "
-              "model by grid search over many settings, we "
-              + ("pick among the few configurations listed above"
-                 if choose else "use one setting for all")
-              + ". The HAP paper's own figures are not cited here: we could "
-              "not check its tables."]
+    lines += ["", "Protocols of the cited figures (transcribed from the "
+              "papers' tables; Errica et al.'s is the one ours follows, with"
+              " a grid search where we "
+              + ("pick among the configurations above" if choose else
+                 "use one setting") + "):", ""]
+    lines += [f"- **{source}**: {protocol}." for source, (protocol, _) in
+              PUBLISHED.items()]
     # Target.
     t = report["targets"]
     lines += ["", "## Target: HAP best of the harness on >= 3 of 4 "
@@ -336,19 +292,9 @@ def write(report, out):
     common.write_results(report, markdown(report), out)
 
 
-SETTINGS = ("folds", "epochs", "patience", "batch_size", "hidden", "lr",
-            "seed")
-
-
 def merge(paths):
-    """One report from runs of the same protocol (other models or data).
-
-    Raises
-    ------
-    SystemExit
-        Runs whose protocol settings or folds run differ, or that ran the
-        same (dataset, model) pair.
-    """
+    """One report from runs of the same protocol (other models or data);
+    SystemExit where settings or folds differ or a pair repeats."""
     reports = [json.loads(Path(p).read_text()) for p in paths]
     base = reports[0]
     config = dict(base["config"], folds_run=dict(base["config"]["folds_run"]))
@@ -391,31 +337,23 @@ def merge(paths):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--datasets", default=",".join(DATASETS))
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--root", default=str(DEFAULT_ROOT))
-    parser.add_argument("--folds", type=int, default=10)
+    for flag, kind, default in (
+            ("--datasets", str, ",".join(DATASETS)),
+            ("--models", str, ",".join(MODELS)),
+            ("--root", str, str(DEFAULT_ROOT)), ("--folds", int, 10),
+            ("--epochs", int, 100), ("--patience", int, 20),
+            ("--batch-size", int, 128), ("--hidden", int, 64),
+            ("--lr", float, 0.001), ("--seed", int, 0),
+            ("--workers", int, 2), ("--note", str, ""),
+            ("--out", str, str(REPO / "bench" / "results" / "pooling.json"))):
+        parser.add_argument(flag, type=kind, default=default)
     parser.add_argument("--max-folds", default="",
                         help="folds run: N, or per dataset NCI1=3,MUTAG=10 "
                         "(default: all)")
-    parser.add_argument("--epochs", type=int, default=100)
-    parser.add_argument("--patience", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=0.001)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=2,
-                        help="processes, one torch thread each")
-    parser.add_argument("--note", default="",
-                        help="text appended to the markdown")
-    parser.add_argument("--out", default=str(REPO / "bench" / "results" /
-                                             "pooling.json"))
     parser.add_argument("--render", action="store_true",
-                        help="only rewrite the markdown from --out's JSON "
-                        "(with --note, if given)")
+                        help="only rewrite the markdown from --out's JSON")
     parser.add_argument("--merge", nargs="+", metavar="JSON",
-                        help="only merge runs of one protocol (other models "
-                        "or datasets) into --out and render it")
+                        help="only merge runs of one protocol into --out")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: MUTAG, 2 folds of 10, 3 epochs, "
                         "output /tmp/pooling_quick.json")
@@ -423,7 +361,6 @@ def main(argv=None) -> int:
     if args.quick:
         args.datasets, args.max_folds, args.epochs = "MUTAG", "2", 3
         args.out = "/tmp/pooling_quick.json"
-    sys.path.insert(0, str(REPO))
     from hmgraph.distributed.worker import watch_parent
 
     if args.render or args.merge:
@@ -460,12 +397,9 @@ def main(argv=None) -> int:
                              initargs=(os.getpid(),)) as pool:
         futures = {}
         for dataset, model in jobs:
-            settings = {"folds": args.folds,
-                        "max_folds": config["folds_run"][dataset],
-                        "epochs": args.epochs, "patience": args.patience,
-                        "batch_size": args.batch_size, "hidden": args.hidden,
-                        "lr": args.lr, "seed": args.seed,
-                        "out": str(REPO / "runs" / "bench-pooling")}
+            settings = dict({k: config[k] for k in SETTINGS},
+                            max_folds=config["folds_run"][dataset],
+                            out=str(REPO / "runs" / "bench-pooling"))
             futures[pool.submit(_job, dataset, model, settings, args.root,
                                 threads)] = (dataset, model)
         for future in as_completed(futures):

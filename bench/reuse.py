@@ -1,21 +1,11 @@
 """Batch reuse against no reuse and a static cache, by seed order.
 
-One training epoch of GraphSAGE per configuration with `hmgraph.DataLoader`
-(prefetch 2), the features read from the dataset's feature file by the
-storage tier (``O_DIRECT``), no host cache. Two seed orders: **shuffled**
-(the loader shuffles) and **cluster** (`cluster_order`: METIS parts, one
-per batch, taken four at a time; the loader keeps the order). Per order:
-**no reuse**; **one-level** and **two-level** reuse within
-``--device-budget``; a static ``presample`` cache whose device budget is
-two-level's buffer bytes (equal device memory). Every loader profiles the
-whole epoch in its own seed order. Targets: issue 16's target 3 (cluster
-order, two-level: epoch at most 1.05x no reuse, host->device bytes at most
-0.5x no reuse and at most the static cache's) and reuse's own work (all
-but the reads below it) under 5 % of each reuse epoch. Details in
-bench/README.md.
-
-Examples: ``python bench/reuse.py`` (synth-products); ``python
-bench/reuse.py --quick --root /tmp/hmg``.
+One training epoch of GraphSAGE per configuration (`common.loader_epoch`,
+features read with ``O_DIRECT``, no host cache), seeds **shuffled** or in
+**cluster** order (`cluster_order`, METIS parts one per batch): no reuse,
+one-level and two-level reuse within ``--device-budget``, and a static
+``presample`` cache of two-level's buffer bytes. Targets and records:
+bench/README.md. ``python bench/reuse.py --quick --root /tmp/hmg``.
 """
 
 from __future__ import annotations
@@ -23,12 +13,8 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import common  # noqa: E402
+import common
 
 ORDERS = ("shuffled", "cluster")
 NO_REUSE, ONE_LEVEL, TWO_LEVEL, STATIC = (
@@ -39,9 +25,7 @@ CONFIGS = ((NO_REUSE, "none", None), (ONE_LEVEL, "one-level", None),
            (TWO_LEVEL, "two-level", None), (STATIC, "none", "presample"))
 GROUP_SIZE = 4  # clusters per group, as `hmgraph train --group-size`
 PREFETCH = 2
-EPOCH_RATIO_MAX = 1.05
-H2D_RATIO_MAX = 0.5
-REUSE_SHARE_MAX_PERCENT = 5.0
+EPOCH_RATIO_MAX, H2D_RATIO_MAX, REUSE_SHARE_MAX_PERCENT = 1.05, 0.5, 5.0
 DEFAULTS = {"dataset": "synth-products", "batch_size": 1024,
             "out": "bench/results/reuse.json"}
 QUICK = {"dataset": "synth-tiny", "batch_size": 128, "max_batches": 5,
@@ -53,77 +37,38 @@ COLUMNS = ["seed order", "configuration", "device memory MB", "H2D GB",
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from hmgraph.args import positive_int
-    from hmgraph.cache.budget import parse_budget
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset",
-                        help="default synth-products; --quick: synth-tiny")
-    common.add_bench_arguments(parser, batch_size=None)
-    parser.add_argument("--device-budget", default="60%",
+    common.add_quick_arguments(
+        parser, DEFAULTS, QUICK, "batches per epoch: a seeded subset of the "
+        "train split (shuffled), the first seeds of the order (cluster)")
+    parser.add_argument("--device-budget", default="60%", type=common.budget,
                         help="device budget of the reuse runs: a share of "
                         "the feature bytes or bytes with a unit")
-    parser.add_argument("--max-batches", type=positive_int,
-                        help="batches per epoch: a seeded subset of the "
-                        "train split (shuffled), the first seeds of the "
-                        "order (cluster); default all; --quick: 5")
-    parser.add_argument("--out", help=f"default {DEFAULTS['out']}; "
-                        f"--quick: {QUICK['out']}")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: synth-tiny, batch 128, 5 batches")
-    args = common.finish_args(parser, parser.parse_args(argv), DEFAULTS,
+    return common.finish_args(parser, parser.parse_args(argv), DEFAULTS,
                               QUICK)
-    try:
-        parse_budget(args.device_budget, 1)
-    except ValueError as err:
-        parser.error(f"--device-budget: {err}")
-    return args
 
 
 def epoch_seeds(train, parts, order: str, args):
     """One order's seeds, capped at ``--max-batches`` batches."""
-    import torch
-
     from hmgraph.samplers.cluster import cluster_order
 
+    if order == "shuffled":
+        return common.seeded_subset(train, args.max_batches,
+                                    args.batch_size, args.seed)
     keep = args.max_batches and args.max_batches * args.batch_size
-    if order == "cluster":
-        return cluster_order(train, parts, GROUP_SIZE, args.seed)[:keep]
-    if not keep or keep >= train.numel():
-        return train
-    generator = torch.Generator().manual_seed(args.seed)
-    chosen = torch.randperm(train.numel(), generator=generator)[:keep]
-    return train[chosen.sort().values]
+    return cluster_order(train, parts, GROUP_SIZE, args.seed)[:keep]
 
 
 def run_config(dataset, seeds, args, order, config, reuse, cache,
                budget) -> dict:
     """One epoch of one configuration; its JSON record."""
-    import dgl
-
-    import hmgraph
-
-    model, optimizer = common.new_model(dataset, args.hidden,
-                                        len(args.fanouts), args.seed)
     batches = -(-seeds.numel() // args.batch_size)
-    began = time.perf_counter()
-    loader = hmgraph.DataLoader(
-        dataset.graph, seeds, dgl.dataloading.NeighborSampler(args.fanouts),
-        features=dataset.feature_path, labels=dataset.labels,
-        batch_size=args.batch_size, shuffle=order == "shuffled",
-        seed=args.seed, cache=cache, device_budget_bytes=budget,
+    run = common.loader_epoch(
+        dataset, seeds, args, f"{order} {config}",
+        shuffle=order == "shuffled", cache=cache, device_budget_bytes=budget,
         host_budget_bytes=0, prefetch=PREFETCH, profile_batches=batches,
         reuse=reuse)
-    construct = time.perf_counter() - began
-    try:
-        warm = loader.stats.storage.as_dict()
-        direct = bool(getattr(loader.cache.source, "direct", False))
-        dgl.seed(args.seed)  # every configuration samples the same batches
-        run = common.hmgraph_epoch(loader, model, optimizer,
-                                   desc=f"{order} {config}")
-        plan = loader.plan.as_dict()
-    finally:
-        loader.close()
+    plan = run["loader"].plan.as_dict()
     stats, epoch = run["stats"], run["seconds"]["epoch"]
     cached, reused = stats.get("cache"), stats.get("reuse")
     levels, work = plan["reuse_levels"], reused and reused["seconds"]
@@ -139,14 +84,16 @@ def run_config(dataset, seeds, args, order, config, reuse, cache,
         # Every row not served on the device crosses to it.
         "host_to_device_bytes": cached["bytes"]["host->device"] if cached
         else stats["rows_requested"] * plan["row_bytes"],
-        "storage": stats.get("storage"), "warm_storage": warm,
+        "storage": stats.get("storage"), "warm_storage": run["warm_storage"],
         "reuse_stats": reused, "reuse_rate": reused and reused["reuse_rate"],
         "device_hit_rate": cached and cached["hit_rate"].get("device", 0.0),
         "dedup_seconds": work,
         "dedup_share_percent": reused and 100.0 * work / epoch,
-        "seconds": run["seconds"], "construct_seconds": construct,
-        "profile_batches": batches, "direct": direct, "plan": plan,
-        "loader": stats, "mean_loss": run["mean_loss"],
+        "seconds": run["seconds"],
+        "construct_seconds": run["construct_seconds"],
+        "profile_batches": batches,
+        "direct": bool(getattr(run["source"], "direct", False)),
+        "plan": plan, "loader": stats, "mean_loss": run["mean_loss"],
         "peak_rss_mb": common.peak_rss_bytes() / 2**20,
     }
 
@@ -215,55 +162,32 @@ def report(result: dict) -> str:
         f"{c['dataset']} ({c['train_seeds']:,} train seeds, "
         f"{c['batches_per_epoch']} batches of {c['batch_size']}{cap}), "
         f"NeighborSampler({','.join(map(str, c['fanouts']))}), sage hidden "
-        f"{c['hidden']}, one epoch per configuration, training on the CPU;"
-        f" features {c['feature_bytes'] / 1e9:.2f} GB on disk (O_DIRECT: "
+        f"{c['hidden']}, one epoch per configuration on the CPU; features "
+        f"{c['feature_bytes'] / 1e9:.2f} GB on disk (O_DIRECT: "
         f"{env['o_direct']}); reuse device budget {c['device_budget']} "
         f"({c['device_budget_bytes'] / 1e6:.1f} MB), host budget 0; "
         f"prefetch {PREFETCH}; every loader profiles the whole epoch in its"
-        f" own order; torch {env['torch']}, dgl {env['dgl']}, "
-        f"{env['torch_num_threads']} threads, {env['cpu_count']} CPUs, "
-        f"load average {env['loadavg'][0]:.1f} at the start.", "",
+        f" own order; {common.environment_text(env)}.", "",
         common.markdown_table(COLUMNS, rows), "",
-        "Device memory: what the plan reserved for batch reuse (levels x "
-        "rows x row bytes and an id table of 8 bytes per node) or the "
-        "static cache's device rows. H2D: bytes of rows not served on the "
-        "device (reused or cached), which cross from host to device. "
-        "Storage: bytes read from the feature file in the epoch (whole "
-        "4 KiB pages, short gaps read through); the static fill is in the "
-        "JSON (`warm_storage`). Reuse work: all the time batch reuse spends"
-        " but the reads of the tier below it (finding duplicates, copying "
-        "reused rows, keeping a copy of the batch, moving ids to the host),"
-        " in the fetch thread, which overlaps training, over the epoch's "
-        "wall time. Construct: building the loader (profiling the epoch, "
-        "plan, static fill); amortized: (construct + N x epoch) / (N x no "
-        f"reuse's epoch), N = {c['amortize_epochs']}.", "",
+        "Device memory: reuse buffers and id table, or the static cache's "
+        "rows. H2D: rows not served on the device. Storage: feature file "
+        "bytes read in the epoch (static fill: `warm_storage`). Reuse work:"
+        " batch reuse's time but the reads below it, in the fetch thread, "
+        "over the epoch. Construct: profiling, plan, static fill; "
+        "amortized: (construct + N x epoch) / (N x no reuse's epoch), N = "
+        f"{c['amortize_epochs']}.", "",
         f"Reuse buffers, most held after a batch, of what the plan "
         f"reserved: {held or 'none ran'}.", "",
         common.metis_text(result["metis"]), "", "## Targets", "",
         common.targets_table(result["targets"]), ""])
 
 
-def summary_line(r: dict) -> str:
-    text = (f"{r['order']} {r['config']}: epoch {r['seconds']['epoch']:.1f}"
-            f" s ({r['epoch_vs_no_reuse']:.3f}x no reuse), construct "
-            f"{r['construct_seconds']:.1f} s, H2D "
-            f"{r['host_to_device_bytes'] / 1e9:.2f} GB")
-    if r["reuse_rate"] is not None:
-        text += (f", reuse {r['reuse_rate']:.1%}, reuse work "
-                 f"{r['dedup_share_percent']:.1f} % of the epoch")
-    return text
-
-
 def main(argv=None) -> int:
-    from hmgraph import datasets
     from hmgraph.cache.budget import parse_budget
 
     args = parse_args(argv)
     common.watch_memory()
-    began = time.perf_counter()
-    dataset = datasets.load(args.dataset, args.root, verify=False)
-    load_seconds = time.perf_counter() - began
-    dataset.graph.create_formats_()
+    dataset, facts = common.load(args.dataset, args.root)
     feature_bytes = dataset.manifest.data_bytes
     budget = parse_budget(args.device_budget, feature_bytes)
     train = dataset.split["train"]
@@ -272,31 +196,19 @@ def main(argv=None) -> int:
     print(common.metis_text(metis), file=sys.stderr)
     seeds = min(train.numel(), (args.max_batches or train.numel())
                 * args.batch_size)
-    result = {
-        "commit": common.commit(),
-        "config": {
-            "dataset": args.dataset, "root": str(args.root),
-            "feature_path": str(dataset.feature_path),
-            "feature_bytes": feature_bytes, "nodes": dataset.num_nodes,
-            "edges": dataset.graph.num_edges(), "feat_dim": dataset.feat_dim,
-            "train_seeds": int(train.numel()), "seeds_per_epoch": seeds,
-            "batches_per_epoch": -(-seeds // args.batch_size),
-            "max_batches": args.max_batches,
-            "device_budget": args.device_budget,
-            "device_budget_bytes": budget, "host_budget_bytes": 0,
-            "orders": list(ORDERS), "configurations": [c[0] for c in CONFIGS],
-            "fanouts": args.fanouts, "batch_size": args.batch_size,
-            "model": "sage", "hidden": args.hidden, "dropout": common.DROPOUT,
-            "lr": common.LR, "seed": args.seed, "prefetch": PREFETCH,
-            "group_size": GROUP_SIZE, "amortize_epochs": args.amortize_epochs,
-            "profile_batches": "the epoch's", "quick": args.quick,
-            "load_seconds": load_seconds},
+    result = {"config": common.settings(
+        args, **facts,
+        train_seeds=int(train.numel()), seeds_per_epoch=seeds,
+        batches_per_epoch=-(-seeds // args.batch_size),
+        device_budget_bytes=budget, host_budget_bytes=0,
+        orders=list(ORDERS), configurations=[c[0] for c in CONFIGS],
+        model="sage", dropout=common.DROPOUT, lr=common.LR,
+        prefetch=PREFETCH, group_size=GROUP_SIZE,
+        profile_batches="the epoch's"),
         "environment": common.environment(), "metis": metis,
         "records": [], "targets": []}
     records = result["records"]
-    for order in ORDERS:
-        if order == "cluster" and parts is None:
-            continue
+    for order in ORDERS if parts is not None else ORDERS[:1]:
         seeds = epoch_seeds(train, parts, order, args)
         for config, reuse, cache in CONFIGS:
             record = run_config(
@@ -309,9 +221,10 @@ def main(argv=None) -> int:
             add_ratios(records, args.amortize_epochs)
             result["targets"] = targets(records)
             common.write_results(result, report(result), args.out)
-            print(summary_line(record), file=sys.stderr)
-    print(report(result), end="")
-    print(f"wrote {args.out}", file=sys.stderr)
+            print(f"{order} {config}: epoch {record['seconds']['epoch']:.1f}"
+                  f" s, H2D {record['host_to_device_bytes'] / 1e9:.2f} GB",
+                  file=sys.stderr)
+    common.finish(result, report(result), args.out)
     return 0 if parts is not None else 1
 
 

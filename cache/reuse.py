@@ -7,19 +7,28 @@ share. For a new batch it copies the rows they hold on the device and asks
 the feature cache below only for the rest.
 
 Finding the shared ids is hash-free, sort-free and vectorised on the
-device: a table of two int32 per node says in which batch each row was
-last stored (a batch counter) and where in that batch's row tensor. A
+device: two int32 tables per node say in which batch each row was last
+stored (a batch counter) and where in that batch's row tensor. A
 batch's ids are looked up with one gather; storing a batch is one
 scatter. There is no Python loop, and a row stored by the last batch is,
 by construction, not counted in the older one: the table holds each row's
-latest batch only. The table takes 8 bytes per node of device memory,
-which the plan charges to the device budget (`TABLE_BYTES_PER_ROW`). The
-ids left for the cache below go to it sorted, so that it neither sorts
-them nor reorders its rows.
+latest batch only. The ids left for the cache
+below go to it sorted, so that it neither sorts them nor reorders its
+rows.
 
-The buffers hold at most ``capacity_rows`` rows per level: a batch larger
-than that keeps only its first ``capacity_rows`` rows for reuse, so the
-device memory they take never exceeds what the plan reserved.
+A batch keeps only the rows a coming batch needs. The loader passes the
+next batches' ids (``future``, its lookahead window); a third int32 per
+node stamps the ids of the next ``levels`` batches, and the rows of this
+batch that carry a stamp are copied into the buffer, those of the next
+batch first. Without a lookahead (the end of an epoch, ``window=0``) the
+batch keeps its first rows. Rows that no batch within reach will ask for
+are never copied, so the buffers cost little time and device memory, and
+reuse serves exactly what keeping whole batches would.
+
+The tables take 12 bytes per node of device memory, which the plan
+charges to the device budget (`TABLE_BYTES_PER_ROW`). The buffers hold
+at most ``capacity_rows`` rows per level, so the device memory they take
+never exceeds what the plan reserved.
 """
 
 from __future__ import annotations
@@ -36,10 +45,12 @@ __all__ = ["REUSE_LEVELS", "TABLE_BYTES_PER_ROW", "BatchReuse",
            "ReuseStats", "member", "reuse_profile"]
 
 REUSE_LEVELS = {"none": 0, "one-level": 1, "two-level": 2}
-#: Device bytes of the id table per node (batch counter and position).
-TABLE_BYTES_PER_ROW = 8
+#: Device bytes of the id tables per node (batch counter, position in the
+#: batch, lookahead stamp).
+TABLE_BYTES_PER_ROW = 12
 _NEVER = -(2**31)  # the batch counter of rows never stored
-_WRAP = 2**31 - 4  # restart the counter (and clear the table) here
+_WRAP = 2**29  # restart the counter (and clear the tables) here: stamps
+# are 4 x the counter
 
 
 def member(ids: torch.Tensor, sorted_ids: torch.Tensor):
@@ -61,7 +72,12 @@ def member(ids: torch.Tensor, sorted_ids: torch.Tensor):
 
 
 def reuse_profile(trace: Sequence[torch.Tensor], levels: int) -> dict:
-    """Rows each reuse level needs and would serve on a profiled trace.
+    """Rows batch reuse holds and serves on a profiled trace.
+
+    What `BatchReuse` does with a lookahead: batch t keeps the rows that
+    batch t+1 asks for and, with two levels, those that only batch t+2
+    asks for; the latter stay one batch longer. Every row one of the last
+    ``levels`` batches had is served.
 
     Parameters
     ----------
@@ -73,24 +89,30 @@ def reuse_profile(trace: Sequence[torch.Tensor], levels: int) -> dict:
     Returns
     -------
     dict
-        ``rows_per_level`` (the largest buffer each level held),
-        ``reuse_rate`` (share of requested rows reused).
+        ``rows_per_level`` (the most rows held at once, split evenly over
+        the levels, which share them), ``reuse_rate`` (share of requested
+        rows reused).
     """
-    sizes = [0, 0]
-    reused = requested = 0
-    last = older = torch.zeros(0, dtype=torch.int64)
-    for ids in trace:
-        found, _ = member(ids, last)
-        hits = int(found.sum())
-        if levels == 2:
-            hits += int(member(ids[~found], older)[0].sum())
-            older = last[~member(last, ids)[0]]
-            sizes[1] = max(sizes[1], older.numel())
-        reused += hits
+    def kept(t, distance):
+        if t + distance >= len(trace):
+            return torch.zeros(len(trace[t]), dtype=torch.bool)
+        return member(trace[t], trace[t + distance])[0]
+
+    most = reused = requested = 0
+    later = 0  # rows the last batch kept for the batch after next only
+    for t, ids in enumerate(trace):
+        recent = trace[max(0, t - levels):t]
+        if recent:
+            reused += int(member(ids, torch.unique(torch.cat(
+                list(recent))))[0].sum())
         requested += ids.numel()
-        last = ids
-        sizes[0] = max(sizes[0], ids.numel())
-    return {"rows_per_level": sizes[:levels],
+        upcoming = kept(t, 1)
+        held = int(upcoming.sum())
+        if levels == 2:
+            after = int((kept(t, 2) & ~upcoming).sum())
+            held, later = held + after + later, after
+        most = max(most, held)
+    return {"rows_per_level": [-(-most // levels)] * levels,
             "reuse_rate": reused / requested if requested else 0.0}
 
 
@@ -163,9 +185,10 @@ class BatchReuse(Feature):
 
     Notes
     -----
-    See `Feature.read`. Reads are treated as consecutive mini-batches: call
-    `reset` at an epoch boundary only if rows may have changed (they do
-    not: reuse is exact across epochs too).
+    See `Feature.read`; ``future`` (sorted unique ids of the next batches)
+    chooses which rows a batch keeps. Reads are treated as consecutive
+    mini-batches: call `reset` at an epoch boundary only if rows may have
+    changed (they do not: reuse is exact across epochs too).
     """
 
     def __init__(self, inner: Feature, levels: int, capacity_rows: int):
@@ -187,27 +210,34 @@ class BatchReuse(Feature):
                                      device=self.device)
         self._row_of = torch.zeros(self.num_rows, dtype=torch.int32,
                                    device=self.device)
+        # Per node: the last (batch, distance) stamp of the lookahead.
+        self._stamp = torch.empty(self.num_rows, dtype=torch.int32,
+                                  device=self.device)
         self.reset()
 
     def reset(self) -> None:
         """Forget the buffered batches."""
         self._batch_of.fill_(_NEVER)
+        self._stamp.fill_(_NEVER)
         self._batch = 0
         empty = torch.zeros((0, *self.row_shape), dtype=self.dtype,
                             device=self.device)
-        self._rows = [empty, empty]  # the last batch's, the one before's
+        # Per level (last batch, the one before): its kept rows and the
+        # first row still valid; and how many of the last batch's rows
+        # were kept for the next batch only.
+        self._held = [(empty, 0), (empty, 0)]
+        self._next_only = 0
 
     @property
     def table_bytes(self) -> int:
-        """Device bytes of the id table."""
+        """Device bytes of the id tables."""
         return self.num_rows * TABLE_BYTES_PER_ROW
 
     @property
     def nbytes(self) -> int:
-        """Device bytes held now: row buffers (shared once) and the table."""
-        tensors = {id(rows): rows for rows in self._rows}
+        """Device bytes held now: row buffers and the tables."""
         return self.table_bytes + sum(
-            t.numel() * t.element_size() for t in tensors.values())
+            rows.numel() * rows.element_size() for rows, _ in self._held)
 
     def read(self, ids, future: Sequence[torch.Tensor] = ()) -> torch.Tensor:
         """See `Feature.read`; ``future`` is passed to the inner feature."""
@@ -227,16 +257,22 @@ class BatchReuse(Feature):
         # (2) Copy the rows the buffers hold (`index_select` and
         # `index_copy_`: a third of the cost of `out[i] = rows[j]` on CPU).
         copy = time.perf_counter()
+        served = torch.zeros_like(ids, dtype=torch.bool)
         for age in range(1, self.levels + 1):
-            where = (batch_of == self._batch - age).nonzero().squeeze(1)
-            out.index_copy_(0, where, self._rows[age - 1].index_select(
-                0, row_of.index_select(0, where)))
+            rows, first = self._held[age - 1]
+            hit = batch_of == self._batch - age
+            if first:
+                hit &= row_of >= first
+            served |= hit
+            where = hit.nonzero().squeeze(1)
+            out.index_copy_(0, where, rows.index_select(
+                0, row_of.index_select(0, where) - first))
             self.stats.reused[f"level{age}"] += where.numel()
             self.stats.bytes_saved += where.numel() * self.row_bytes
         self.stats.copy_seconds += time.perf_counter() - copy
         # (3) The rest from the cache below, asked in sorted order: it then
         # neither sorts them nor puts its rows back in request order.
-        rest = (batch_of < self._batch - self.levels).nonzero().squeeze(1)
+        rest = (~served).nonzero().squeeze(1)
         inner = 0.0
         if rest.numel():
             wanted, order = ids.index_select(0, rest).sort()
@@ -247,26 +283,58 @@ class BatchReuse(Feature):
             out.index_copy_(0, rest.index_select(0, order),
                             rows.to(self.device))
             del rows
-        # (4) Keep a copy of this batch's first `capacity_rows` rows (the
-        # caller may write into `out`); the last batch's rows become the
-        # older level, by reference.
-        copy = time.perf_counter()
-        kept = min(ids.numel(), self.capacity_rows)
-        self._batch_of.index_fill_(0, ids[:kept], self._batch)
-        self._row_of.index_copy_(0, ids[:kept], torch.arange(
-            kept, dtype=torch.int32, device=self.device))
-        rows = out[:kept].clone()
-        self.stats.copy_seconds += time.perf_counter() - copy
-        self._rows = [rows, self._rows[0] if self.levels == 2 else rows[:0]]
-        self._batch += 1
-        if self._batch >= _WRAP:
-            self._batch_of.fill_(_NEVER)
-            self._batch = 0
-            self._rows = [rows[:0], rows[:0]]
+        # (4) Keep copies (the caller may write into `out`).
+        self._keep(ids, out, future)
         self.stats.rows_requested += ids.numel()
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.nbytes)
         self.stats.seconds += time.perf_counter() - began - inner
         return out
+
+    def _keep(self, ids, out, future) -> None:
+        """Keep the rows of ``out`` that the next ``levels`` batches ask
+        for (the next batch's first); without ``future``, the first rows.
+
+        The last batch becomes the older level with only its rows for the
+        batch after next (a copy; all its rows, by reference, when it had
+        no lookahead), and the levels share ``levels * capacity_rows``.
+        """
+        copy = time.perf_counter()
+        older = (out[:0], 0)
+        if self.levels == 2:
+            last, _ = self._held[0]
+            first = self._next_only
+            older = (last[first:].clone() if first else last, first)
+        self._held = [older, older]  # let the last batch's rows go
+        room = self.levels * self.capacity_rows - older[0].shape[0]
+        self.stats.copy_seconds += time.perf_counter() - copy
+        if len(future):
+            # Stamp the coming batches' ids, the nearest last so that it
+            # wins; stamps grow with the batch counter: none needs
+            # clearing.
+            stamp = self._batch * 4
+            coming = list(future)[:self.levels]
+            for distance in reversed(range(len(coming))):
+                self._stamp.index_fill_(
+                    0, coming[distance].to(self.device), stamp - distance)
+            seen = self._stamp.index_select(0, ids)
+            keep = [(seen == stamp - d).nonzero().squeeze(1)
+                    for d in range(len(coming))]
+            next_only = min(keep[0].numel(), room)
+            keep = torch.cat(keep)[:room]
+        else:
+            next_only = 0
+            keep = torch.arange(min(ids.numel(), room), device=self.device)
+        copy = time.perf_counter()
+        kept = ids.index_select(0, keep)
+        self._batch_of.index_fill_(0, kept, self._batch)
+        self._row_of.index_copy_(0, kept, torch.arange(
+            kept.numel(), dtype=torch.int32, device=self.device))
+        self._held = [(out.index_select(0, keep), 0), older]
+        self._next_only = next_only
+        self.stats.copy_seconds += time.perf_counter() - copy
+        self._batch += 1
+        if self._batch >= _WRAP:
+            self.reset()
 
     def close(self) -> None:
         """Close the inner feature."""

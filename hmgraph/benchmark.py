@@ -17,7 +17,9 @@ renumbering.
 The second half of this module is the harness the ``bench/`` scripts
 share through ``bench/common.py``: `dgl_epoch` (the one DGL baseline),
 `hmgraph_epoch`, `isolated`, peak memory sampled with psutil, `commit`,
-`write_results` and `markdown_table`.
+`write_results` and `markdown_table`; then the parts two or more scripts
+run: `load`, `seeded_subset`, `loader_epoch`, `environment`, the targets
+table (`target`, `targets_table`), `finish` and `metis_parts`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ import math
 import mmap
 import multiprocessing as mp
 import os
+import platform
 import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -45,10 +49,12 @@ log = logging.getLogger(__name__)
 __all__ = [
     "AMORTIZE_EPOCHS", "CONFIGS", "DGL_WORKERS", "DROPOUT", "LR",
     "ConfigurationFailed",
-    "amortized", "commit", "dgl_epoch", "drop_page_cache", "hmgraph_epoch",
-    "isolated", "markdown_table", "new_model", "open_memmap",
-    "peak_rss_bytes", "progress", "read_bytes", "run", "run_one",
-    "train_step", "watch_memory", "write_results",
+    "amortized", "commit", "dgl_epoch", "disk_text", "drop_page_cache",
+    "environment", "environment_text", "finish", "hmgraph_epoch",
+    "isolated", "load", "loader_epoch", "markdown_table", "metis_parts",
+    "metis_text", "new_model", "open_memmap", "peak_rss_bytes", "progress",
+    "read_bytes", "run", "run_one", "seeded_subset", "target",
+    "targets_table", "train_step", "watch_memory", "write_results",
 ]
 
 #: DGL ``DataLoader(num_workers=...)`` of every DGL baseline: DGL's
@@ -660,3 +666,231 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# The shared harness: bench/ script parts (datasets, loaders, reports, METIS)
+
+
+def load(name: str, root, **kwargs):
+    """``(dataset, facts)``: `hmgraph.datasets.load` and its graph's
+    sparse formats built, each timed (``load_seconds``,
+    ``prepare_seconds``); ``nodes``, ``edges``, ``feat_dim``,
+    ``feature_path``, ``feature_bytes`` and ``row_bytes`` (None without a
+    feature file)."""
+    from hmgraph import datasets
+
+    began = time.perf_counter()
+    data = datasets.load(name, root, verify=False, **kwargs)
+    loaded = time.perf_counter()
+    data.graph.create_formats_()
+    manifest = getattr(data, "manifest", None)
+    return data, {"load_seconds": loaded - began,
+                  "prepare_seconds": time.perf_counter() - loaded,
+                  "nodes": data.num_nodes, "edges": data.graph.num_edges(),
+                  "feat_dim": data.feat_dim,
+                  "feature_path": data.feature_path and str(
+                      data.feature_path),
+                  "feature_bytes": manifest and manifest.data_bytes,
+                  "row_bytes": manifest and manifest.row_bytes}
+
+
+def seeded_subset(seeds, max_batches: int | None, batch_size: int,
+                  seed: int):
+    """``seeds``, or a seeded random subset of ``max_batches`` x
+    ``batch_size`` of them in their order."""
+    import torch
+
+    keep = (max_batches or 0) * batch_size
+    if not keep or keep >= seeds.numel():
+        return seeds
+    generator = torch.Generator().manual_seed(seed)
+    return seeds[torch.randperm(seeds.numel(), generator=generator)[:keep]
+                 .sort().values]
+
+
+def loader_epoch(dataset, seeds, args, desc: str, trace: bool = False,
+                 **options) -> dict:
+    """One training epoch of an `hmgraph.DataLoader` over the dataset's
+    feature file (DGL's ``NeighborSampler``, ``options`` passed on),
+    construction timed apart; every run samples the same batches.
+
+    Returns `hmgraph_epoch`'s record and ``construct_seconds``,
+    ``warm_storage`` (the static fill's reads), ``source`` (the storage
+    tier) and the closed ``loader`` (its ``plan``, ``trace``).
+    """
+    import dgl
+
+    import hmgraph
+
+    model, optimizer = new_model(dataset, args.hidden, len(args.fanouts),
+                                 args.seed)
+    began = time.perf_counter()
+    loader = hmgraph.DataLoader(
+        dataset.graph, seeds, dgl.dataloading.NeighborSampler(args.fanouts),
+        features=dataset.feature_path, labels=dataset.labels,
+        batch_size=args.batch_size, seed=args.seed, **options)
+    construct = time.perf_counter() - began
+    try:
+        warm = loader.stats.storage and loader.stats.storage.as_dict()
+        source = loader.cache.source
+        dgl.seed(args.seed)  # every configuration samples the same batches
+        loader.trace = [] if trace else None
+        run = hmgraph_epoch(loader, model, optimizer, desc=desc)
+    finally:
+        loader.close()
+    return dict(run, construct_seconds=construct, warm_storage=warm,
+                source=source, loader=loader)
+
+
+def environment() -> dict:
+    """Versions, CPUs, threads and the machine's load right now."""
+    import dgl
+    import numpy
+    import torch
+
+    import hmgraph
+
+    return {"hmgraph": hmgraph.__version__, "torch": torch.__version__,
+            "dgl": dgl.__version__, "numpy": numpy.__version__,
+            "python": platform.python_version(),
+            "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "torch_num_threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "loadavg": os.getloadavg()}
+
+
+def environment_text(env: dict) -> str:
+    """`environment` in one clause of a setup line."""
+    return (f"torch {env['torch']}, dgl {env['dgl']}, "
+            f"{env['torch_num_threads']} threads, {env['cpu_count']} CPUs, "
+            f"load average {env['loadavg'][0]:.1f} at the start")
+
+
+def disk_text(model: dict) -> str:
+    """`hmgraph.cache.disk.DiskModel.describe` of its ``as_dict``."""
+    from hmgraph.cache.disk import DiskModel
+
+    return DiskModel(**{k: v for k, v in model.items()
+                        if k != "gap_bytes"}).describe()
+
+
+def target(number, what: str, value, op: str, limit: float,
+           note: str | None = None) -> dict:
+    """One target: ``value op limit`` judged PASS or MISS (``not run``
+    where ``value`` is None)."""
+    if value is None:
+        verdict = "not run"
+    else:
+        verdict = "PASS" if (value <= limit if op == "<=" else
+                             value >= limit) else "MISS"
+    return {"target": number, "what": what, "value": value, "op": op,
+            "limit": limit, "verdict": verdict, "note": note}
+
+
+def targets_table(rows: list[dict]) -> str:
+    """``| # | target | value | limit | verdict |``, notes in brackets."""
+    return markdown_table(
+        ["#", "target", "value", "limit", "verdict"],
+        [[t["target"], t["what"] + (f" ({t['note']})" if t["note"] else ""),
+          t["value"], f"{t['op']} {t['limit']:g}", f"**{t['verdict']}**"]
+         for t in rows])
+
+
+def finish(result: dict, markdown: str, out) -> int:
+    """Write the results (`write_results`), print the markdown; 0."""
+    path = write_results(result, markdown, out)
+    print(markdown, end="" if markdown.endswith("\n") else "\n")
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+METIS_TIMEOUT_SECONDS = 1800
+
+
+def metis_parts(dataset, root, num_parts: int,
+                timeout: float = METIS_TIMEOUT_SECONDS) -> tuple:
+    """METIS parts of ``dataset``'s graph, cached next to its feature file
+    as ``metis-<num_parts>.npy``.
+
+    Read from `metis_clusters`' cache where its key (graph and run) is
+    this one; else `metis_clusters` runs in a child process (`isolated`:
+    METIS's memory, several GB on synth-products, is never this
+    process's, and a run past ``timeout`` seconds is killed).
+
+    Returns
+    -------
+    (torch.Tensor or None, dict)
+        The part of every node (None where METIS failed) and its record:
+        ``path``, ``num_parts``, ``key``, ``status`` (``cached``,
+        ``computed`` or ``failed``), ``seconds`` (wall time, the child's
+        loading included), ``metis_seconds`` and ``child_peak_rss_mb``
+        when computed, ``error`` when failed; with parts,
+        ``nodes_per_part`` and ``train_seeds_per_part`` (min, mean, max),
+        ``parts_with_train_seeds`` and ``edges_inside_share``.
+    """
+    import torch
+
+    from hmgraph.samplers.cluster import cached_clusters, metis_key
+
+    graph = dataset.graph
+    path = Path(dataset.feature_path).parent / f"metis-{num_parts}.npy"
+    key = metis_key(graph, num_parts)
+    info = {"path": str(path), "num_parts": num_parts, "key": key,
+            "status": "cached", "timeout_seconds": timeout}
+    began = time.perf_counter()
+    parts = cached_clusters(path, key)
+    if parts is None:
+        print(f"METIS: {num_parts} parts of {graph.num_nodes():,} nodes in a"
+              f" child process (timeout {timeout:.0f} s)", file=sys.stderr)
+        try:
+            info.update(isolated(_metis_child, dataset.name, str(root),
+                                 num_parts, timeout=timeout),
+                        status="computed")
+            parts = cached_clusters(path, key)
+        except ConfigurationFailed as err:
+            info.update(status="failed", error=str(err))
+    info["seconds"] = time.perf_counter() - began
+    if parts is None:
+        info.setdefault("error", "the child's assignment is not this graph's")
+        info["status"] = "failed"
+        return None, info
+    train = torch.bincount(parts[dataset.split["train"]],
+                           minlength=num_parts).double()
+    nodes = torch.bincount(parts, minlength=num_parts).double()
+    src, dst = graph.edges()
+    return parts, dict(
+        info, edges_inside_share=float((parts[src] == parts[dst]).double()
+                                       .mean()),
+        parts_with_train_seeds=int((train > 0).sum()),
+        **{name: {"min": int(c.min()), "mean": float(c.mean()),
+                  "max": int(c.max())}
+           for name, c in (("nodes_per_part", nodes),
+                           ("train_seeds_per_part", train))})
+
+
+def _metis_child(name: str, root: str, num_parts: int) -> dict:
+    """`metis_parts`' child: load the dataset, run `metis_clusters`."""
+    from hmgraph import datasets
+    from hmgraph.samplers.cluster import metis_clusters
+
+    dataset = datasets.load(name, root, verify=False)
+    began = time.perf_counter()
+    metis_clusters(dataset.graph, num_parts, Path(dataset.feature_path)
+                   .parent / f"metis-{num_parts}.npy")
+    return {"metis_seconds": time.perf_counter() - began,
+            "child_peak_rss_mb": peak_rss_bytes() / 2**20}
+
+
+def metis_text(info: dict) -> str:
+    """One markdown sentence on `metis_parts`' record."""
+    text = (f"METIS ({info['num_parts']} parts, one per batch, "
+            f"`{info['path']}`): **{info['status']}** in "
+            f"{info['seconds']:.1f} s")
+    if "metis_seconds" in info:
+        text += (f" (METIS {info['metis_seconds']:.1f} s, the child's peak "
+                 f"RSS {info['child_peak_rss_mb']:,.0f} MB)")
+    if "error" in info:
+        return f"{text}: {info['error']}."
+    seeds = info["train_seeds_per_part"]
+    return (f"{text}; {100 * info['edges_inside_share']:.1f} % of edges "
+            f"inside a part, {seeds['min']}-{seeds['max']} train seeds per "
+            f"part ({info['parts_with_train_seeds']} parts hold any).")

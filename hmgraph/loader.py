@@ -238,7 +238,8 @@ class DataLoader:
         Batches sampled and fetched ahead in background threads; 0 runs
         every stage in the training thread, as DGL on the CPU.
     window : int, optional
-        Lookahead batches given to the cache (default: the plan's).
+        Lookahead batches given to the cache and to batch reuse
+        (default: the plan's, and at least the reuse levels).
     profile_batches : int
         Batches sampled to profile row accesses for the plan.
     reuse : str
@@ -348,7 +349,9 @@ class DataLoader:
             if homogeneous else self.caches
         self.feature = next(iter(self.features.values()), None) \
             if homogeneous else self.features
-        windows = [p.window for p in self.plans.values()] or [0]
+        # Batch reuse looks as far ahead as it reaches back.
+        windows = [max(p.window, p.reuse_levels)
+                   for p in self.plans.values()] or [0]
         self.window = windows[0] if window is None else window
         #: Set to a list to record each batch's unique input ids (a trace
         #: for replaying policies, e.g. Belady's, on the same accesses).

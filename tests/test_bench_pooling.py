@@ -2,15 +2,17 @@
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from hmgraph.classify import summarize
 
-SPEC = importlib.util.spec_from_file_location(
-    "bench_pooling", Path(__file__).resolve().parents[1] / "bench" /
-    "pooling.py")
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))  # as `python bench/pooling.py` has it
+SPEC = importlib.util.spec_from_file_location("bench_pooling",
+                                              BENCH / "pooling.py")
 bench = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(bench)
 

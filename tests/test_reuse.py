@@ -92,11 +92,49 @@ def test_levels_reuse_what_they_should():
 def test_reuse_profile_sizes_and_rate():
     trace = [torch.tensor(t) for t in ([1, 2, 3], [2, 3, 4, 5], [1, 5])]
     one = reuse_profile(trace, 1)
-    assert one["rows_per_level"] == [4]
+    assert one["rows_per_level"] == [2]  # {2, 3} kept for the next batch
     assert one["reuse_rate"] == pytest.approx(3 / 9)  # 2, 3 then 5
     two = reuse_profile(trace, 2)
-    assert two["rows_per_level"] == [4, 3]  # {2, 3, 4} after the last
+    # {2, 3} for the next batch, {1} for the one after: 3 rows, then
+    # {5} and the {1} kept: 2; the levels share the 3.
+    assert two["rows_per_level"] == [2, 2]
     assert two["reuse_rate"] == pytest.approx(4 / 9)  # and 1 from level 2
+
+
+@pytest.mark.parametrize("levels", [1, 2])
+def test_lookahead_keeps_only_what_comes_and_reuses_as_much(levels):
+    """With the next batches' ids a batch keeps only the rows they ask
+    for, and reuse serves as many rows as keeping whole batches (the last
+    batch, with none to come, keeps its first rows)."""
+    rows = torch.from_numpy(reference())
+    gen = torch.Generator().manual_seed(levels)
+    batches = [torch.randperm(NUM_ROWS, generator=gen)[:40]
+               for _ in range(12)]
+    whole, ahead = make_reuse(levels), make_reuse(levels)
+    for t, ids in enumerate(batches):
+        future = [b.sort().values for b in batches[t + 1:t + 1 + levels]]
+        assert torch.equal(whole.read(ids), rows[ids])
+        assert torch.equal(ahead.read(ids, future), rows[ids])
+        if future:
+            coming = set(torch.cat(future).tolist())
+            wanted = sum(i in coming for i in ids.tolist())
+            assert ahead._held[0][0].shape[0] == wanted < ids.numel()
+    assert ahead.stats.reused == whole.stats.reused
+    assert sum(ahead.stats.reused.values()) > 0
+
+
+def test_lookahead_keeps_the_next_batch_first_when_tight():
+    rows = torch.from_numpy(reference())
+    reuse = make_reuse(levels=2, capacity=2)  # 4 rows for both levels
+    now = torch.tensor([1, 2, 3, 4, 5, 6])
+    reuse.read(now, [torch.tensor([5, 6, 9]), torch.tensor([1, 2, 3])])
+    assert torch.equal(reuse._held[0][0], rows[torch.tensor([5, 6, 1, 2])])
+    # Rows 1 and 2 stay for the batch after next; 5 and 6 go after this.
+    reuse.read(torch.tensor([5, 7]), [torch.tensor([1, 8])])
+    assert torch.equal(reuse._held[1][0], rows[torch.tensor([1, 2])])
+    assert reuse.stats.reused == {"level1": 1, "level2": 0}
+    reuse.read(torch.tensor([1, 6]))
+    assert reuse.stats.reused == {"level1": 1, "level2": 1}
 
 
 def test_plan_takes_reuse_out_of_the_device_budget():
@@ -106,10 +144,12 @@ def test_plan_takes_reuse_out_of_the_device_budget():
     budget = 200 * 20 + table
     plan = make_plan("hmgraph", NUM_ROWS, 20, budget, 50 * 20,
                      counts=counts, trace=trace, reuse_levels=2)
-    assert plan.reuse_rows == 40
-    assert plan.device_rows == 200 - 2 * 40
-    assert "reuse 2 level(s) of 40 device rows" in plan.describe()
-    assert plan.as_dict()["reuse_bytes"] == 2 * 40 * 20 + table
+    # Each batch keeps the 20 rows the next one shares (none reach two
+    # ahead): 20 rows held at most, shared by the two levels.
+    assert plan.reuse_rows == 10
+    assert plan.device_rows == 200 - 2 * 10
+    assert "reuse 2 level(s) of 10 device rows" in plan.describe()
+    assert plan.as_dict()["reuse_bytes"] == 2 * 10 * 20 + table
     assert plan.as_dict()["reuse_table_bytes"] == table
     with pytest.raises(ValueError, match=f"needs {table} bytes of device "
                        "memory for its id table"):
@@ -221,21 +261,22 @@ def test_analyze_replays_what_the_loader_runs_with_reuse(tiny):
     seeds = tiny.split["train"]
     sampler = dgl.dataloading.NeighborSampler([4, 3])
     profile = presample(tiny.graph, sampler, seeds, 100, 10, seed=5)
-    # A profiled batch of every node: reuse buffers that never cap.
+    # Two profiled batches of every node: reuse buffers that never cap.
     profile = Profile(profile.counts, profile.hop_counts,
-                      [*profile.trace, torch.arange(n)])
+                      [*profile.trace, torch.arange(n), torch.arange(n)])
     table = TABLE_BYTES_PER_ROW * n
     loader = hmgraph.DataLoader(
         tiny.graph, seeds, sampler, batch_size=100, shuffle=True, seed=0,
         features=tiny.features, cache="hmgraph", reuse="two-level",
-        device_budget_bytes=2 * n * row_bytes + table,
+        device_budget_bytes=n * row_bytes + table,
         host_budget_bytes=1500 * row_bytes, window=4, profile=profile)
     loader.trace = []
     for _ in loader:
         pass
     loader.close()
     plan, stats = loader.plan, loader.stats
-    assert plan.reuse_rows == n and plan.device_rows == 0
+    # The levels share 2 x n / 2 rows: a batch holds at most n at once.
+    assert plan.reuse_rows == n // 2 and plan.device_rows == 0
     rest, reused = reuse_filtered(loader.trace, 2)
     assert reused == sum(stats.reuse.reused.values())
     policy = make_policy("hmgraph", n, plan.host_rows,

@@ -43,18 +43,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def bench_dataset(name: str, args) -> dict:
     """Load one dataset, build its formats, train; its JSON record."""
-    import dgl
-
     data, facts = common.load(name, args.root)
     rss_before = psutil.Process().memory_info().rss / 2**20
-    model, optimizer = common.new_model(data, args.hidden, len(args.fanouts),
-                                        args.seed, args.model)
-    sampler = dgl.dataloading.NeighborSampler(args.fanouts)
-    epochs = [common.dgl_epoch(
-        data.graph, data.split["train"], sampler, data.features, data.labels,
-        model, optimizer, batch_size=args.batch_size, seed=args.seed + e,
-        num_workers=args.dgl_workers, desc=f"{name} epoch {e}")
-        for e in range(args.epochs)]
+    epochs = common.dgl_baseline(data, args, epochs=args.epochs,
+                                 desc=f"{name} epoch {{epoch}}")
     seconds = {k: sum(e["seconds"][k] for e in epochs) / len(epochs)
                for k in ("epoch", "sample", "fetch", "train")}
     rows = sum(e["input_rows"] for e in epochs)

@@ -96,19 +96,9 @@ def prepare_layout(name: str, dataset, seeds, args):
 
 def run_dgl(dataset, seeds, args, memmap: bool) -> dict:
     """One epoch of `common.dgl_epoch`, in memory or over the memmap."""
-    import dgl
-
-    model, optimizer = common.new_model(dataset, args.hidden,
-                                        len(args.fanouts), args.seed)
-    rows = common.open_memmap(dataset.feature_path) if memmap \
-        else dataset.features
-    run = common.dgl_epoch(
-        dataset.graph, seeds, dgl.dataloading.NeighborSampler(args.fanouts),
-        rows, dataset.labels, model, optimizer, batch_size=args.batch_size,
-        seed=args.seed, num_workers=args.dgl_workers,
-        cold=dataset.feature_path if memmap else None,
-        desc=FLOOR if memmap else IN_MEMORY)
-    del rows
+    run, = common.dgl_baseline(dataset, args, "memmap" if memmap else
+                               "memory", seeds=seeds,
+                               desc=FLOOR if memmap else IN_MEMORY)
     useful = run["input_bytes"]
     return {
         "config": FLOOR if memmap else IN_MEMORY, "kind": "dgl",
@@ -330,14 +320,7 @@ def report(result: dict) -> str:
              "vs in-memory (x)", "vs memmap floor (x faster)",
              "build s (layout + loader)",
              f"vs in-memory amortized over {epochs} epochs (x)"], rows), "",
-        "Storage columns: the storage tier's reads per epoch (static fill "
-        "left out: `warm_storage`); model s prices them with the disk "
-        "model; bytes vs none: / the no-cache run's in the same layout. "
-        "Hit rates: shares of each batch's unique input rows per tier; "
-        "Belady: the optimal offline policy on the run's trace with the "
-        "plan's device + host rows. Build s: layout + loader, outside the "
-        "epoch; amortized: (build + N epochs) / N in-memory epochs. The "
-        "memmap floor's pages are dropped once before its epoch."
+        "Columns explained in bench/README.md (cache_policies.py)."
         + (f" Load average {min(loads):.1f} to {max(loads):.1f} around the "
            "runs." if loads else ""), "", "## Targets", "",
         common.targets_table(result["targets"]), ""])

@@ -23,6 +23,7 @@ from hmgraph.benchmark import (  # noqa: F401 - the shared harness
     ConfigurationFailed,
     amortized,
     commit,
+    dgl_baseline,
     dgl_epoch,
     disk_text,
     environment,

@@ -41,18 +41,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _setup(name, args, features_on):
-    import dgl
-
     from hmgraph import datasets
 
     began = time.perf_counter()
     data = datasets.load(name, args.root, verify=False,
                          features_on=features_on)
-    load_seconds = time.perf_counter() - began
-    model, optimizer = common.new_model(data, args.hidden, len(args.fanouts),
-                                        args.seed)
-    sampler = dgl.dataloading.NeighborSampler(args.fanouts)
-    return data, model, optimizer, sampler, load_seconds
+    return data, time.perf_counter() - began
 
 
 def _record(config, name, data, load_seconds, runs, **more) -> dict:
@@ -65,28 +59,25 @@ def _record(config, name, data, load_seconds, runs, **more) -> dict:
 
 def run_dgl(name: str, args, kind: str, loader_only: bool) -> dict:
     """`common.dgl_epoch` over rows in memory or an ``np.memmap``."""
-    data, model, optimizer, sampler, load_seconds = _setup(
-        name, args, "memory" if kind == "memory" else "disk")
-    memmap = kind != "memory"
-    features = common.open_memmap(data.feature_path, kind.endswith(
-        "random")) if memmap else data.features
-    runs = {}
-    for mode in ("train", "loader") if loader_only else ("train",):
-        runs[mode] = common.dgl_epoch(
-            data.graph, data.split["train"], sampler, features, data.labels,
-            *((model, optimizer) if mode == "train" else ()),
-            batch_size=args.batch_size, seed=args.seed,
-            max_batches=args.batches, max_seconds=args.max_seconds,
-            num_workers=args.dgl_workers, desc=f"dgl {kind} {mode}",
-            cold=data.feature_path if memmap else None)
+    data, load_seconds = _setup(name, args, "memory" if kind == "memory"
+                                else "disk")
+    runs = common.dgl_baseline(
+        data, args, kind, loader_only=loader_only, max_batches=args.batches,
+        max_seconds=args.max_seconds, desc=f"dgl {kind} {{epoch}}")
+    runs = dict(zip(("train", "loader"), runs, strict=False))
     return _record(f"dgl {kind}", name, data, load_seconds, runs)
 
 
 def run_hmgraph(name: str, args, loader_only: bool) -> dict:
     """hmgraph's loader, features on disk, default budgets; evaluation."""
+    import dgl
+
     from hmgraph.train import TrainConfig, evaluate, make_loader, resolve_eval
 
-    data, model, optimizer, sampler, load_seconds = _setup(name, args, "disk")
+    data, load_seconds = _setup(name, args, "disk")
+    model, optimizer = common.new_model(data, args.hidden, len(args.fanouts),
+                                        args.seed)
+    sampler = dgl.dataloading.NeighborSampler(args.fanouts)
     config = TrainConfig(dataset=name, root=args.root, fanouts=args.fanouts,
                          batch_size=args.batch_size, hidden=args.hidden,
                          seed=args.seed, features_on="disk", cache="hmgraph",
@@ -208,10 +199,7 @@ def report(result: dict) -> str:
          f"memmap / this, amortized over {epochs} epochs", "load s",
          "disk GB read (train)", "storage requests", "amplification",
          "storage s", "model s", "peak RSS GB"], rows), "",
-        "Capped: stopped at `--max-seconds`; ratios are per batch, "
-        "amortized over whole epochs with construction added once. Disk GB"
-        ": the process's block-device reads; storage columns: hmgraph's "
-        "storage tier, model s its requests priced by the disk model.", ""]
+        "Columns explained in bench/README.md (outofcore.py).", ""]
     evals = [r for r in result["records"] if "evaluation" in r]
     if evals:
         lines += ["Full evaluation after the epoch (hmgraph):", "",

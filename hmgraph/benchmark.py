@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 import traceback
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 
 import numpy as np
@@ -48,9 +48,9 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "AMORTIZE_EPOCHS", "CONFIGS", "DGL_WORKERS", "DROPOUT", "LR",
-    "ConfigurationFailed",
-    "amortized", "commit", "dgl_epoch", "disk_text", "drop_page_cache",
-    "environment", "environment_text", "finish", "hmgraph_epoch",
+    "ConfigurationFailed", "amortized", "commit", "dgl_baseline",
+    "dgl_epoch", "disk_text", "drop_page_cache", "environment",
+    "environment_text", "finish", "hmgraph_epoch",
     "isolated", "load", "loader_epoch", "markdown_table", "metis_parts",
     "metis_text", "new_model", "open_memmap", "peak_rss_bytes", "progress",
     "read_bytes", "run", "run_one", "seeded_subset", "target",
@@ -176,33 +176,25 @@ def _timed(functions: dict):
 
 
 def _dgl_run(config, features_kind: str) -> dict:
-    """`dgl_epoch` for ``config.epochs`` epochs, evaluated after each."""
-    import dgl
-
+    """`dgl_baseline` for ``config.epochs`` epochs, evaluated after each."""
     from hmgraph import datasets
     from hmgraph.models import layerwise_inference
 
     data = datasets.load(config.dataset, config.root, config.verify)
-    model, optimizer = new_model(data, config.hidden, len(config.fanouts),
-                                 config.seed, config.model, config.lr,
-                                 config.dropout)
-    sampler = dgl.dataloading.NeighborSampler(config.fanouts)
-    memmap = features_kind == "memmap"
-    rows = open_memmap(data.feature_path) if memmap else data.features
-    epochs, best_valid, test = [], -1.0, 0.0
-    for epoch in range(config.epochs):
-        record = dgl_epoch(
-            data.graph, data.split["train"], sampler, rows, data.labels,
-            model, optimizer, batch_size=config.batch_size,
-            seed=config.seed + epoch, progress_bar=False,
-            cold=data.feature_path if memmap else None)
+    best = {"valid": -1.0, "test": 0.0}
+
+    def evaluate(model, record):
         logits = layerwise_inference(model, data.graph, data.features)
         valid = data.evaluate(logits, "valid")
-        if valid > best_valid:
-            best_valid, test = valid, data.evaluate(logits, "test")
-        epochs.append({"seconds": record["seconds"],
-                       "host_to_device_bytes": record["input_bytes"]})
-    return {"runs": [{"epochs": epochs}], "summary": {"test_mean": test}}
+        if valid > best["valid"]:
+            best.update(valid=valid, test=data.evaluate(logits, "test"))
+
+    records = dgl_baseline(data, config, features_kind, epochs=config.epochs,
+                           after=evaluate, progress_bar=False)
+    epochs = [{"seconds": r["seconds"],
+               "host_to_device_bytes": r["input_bytes"]} for r in records]
+    return {"runs": [{"epochs": epochs}],
+            "summary": {"test_mean": best["test"]}}
 
 
 def run(args) -> list[dict]:
@@ -452,6 +444,70 @@ def dgl_epoch(graph, seeds, sampler, features, labels, model=None,
                 first_sample_seconds=first or 0.0,
                 mean_loss=loss / max(n["batches"], 1),
                 read_bytes=read_bytes() - before)
+
+
+def dgl_baseline(data, settings, features: str = "memory", *, seeds=None,
+                 epochs: int = 1, loader_only: bool = False,
+                 desc: str = "dgl", after=None, **options) -> list[dict]:
+    """DGL's baseline as every benchmark sets it up, then `dgl_epoch`s.
+
+    A seeded model (`new_model`: ``settings.model``, ``lr``, ``dropout``
+    where it has them), DGL's ``NeighborSampler(settings.fanouts)`` and
+    the rows in memory (``features="memory"``) or from `open_memmap` of
+    the feature file (``memmap``; ``memmap-random``: ``MADV_RANDOM``),
+    its pages dropped once before each epoch.
+
+    Parameters
+    ----------
+    data : hmgraph.datasets.Dataset
+        The dataset; ``seeds`` default to its train split.
+    settings
+        ``hidden``, ``fanouts``, ``seed`` and ``batch_size``;
+        ``dgl_workers`` where given (else `DGL_WORKERS`).
+    epochs : int
+        Training epochs, epoch ``e`` seeded ``settings.seed + e``.
+    loader_only : bool
+        Then one more epoch of the loader alone (no model), seeded
+        ``settings.seed``.
+    desc : str
+        The progress bar's label, formatted with ``epoch``.
+    after : callable, optional
+        ``after(model, record)`` after each training epoch.
+    **options
+        Passed on to `dgl_epoch` (``max_batches``, ``progress_bar``...).
+
+    Returns
+    -------
+    list of dict
+        `dgl_epoch`'s record of each training epoch, then the loader-only
+        epoch's.
+    """
+    import dgl
+
+    model, optimizer = new_model(
+        data, settings.hidden, len(settings.fanouts), settings.seed,
+        getattr(settings, "model", "sage"), getattr(settings, "lr", LR),
+        getattr(settings, "dropout", DROPOUT))
+    memmap = features != "memory"
+    rows = open_memmap(data.feature_path, features.endswith("random")) \
+        if memmap else data.features
+    options.update(
+        batch_size=settings.batch_size, cold=data.feature_path if memmap
+        else None, num_workers=getattr(settings, "dgl_workers", DGL_WORKERS))
+    run = partial(
+        dgl_epoch, data.graph, data.split["train"] if seeds is None else
+        seeds, dgl.dataloading.NeighborSampler(settings.fanouts), rows,
+        data.labels, **options)
+    records = []
+    for epoch in range(epochs):
+        records.append(run(model, optimizer, seed=settings.seed + epoch,
+                           desc=desc.format(epoch=epoch)))
+        if after is not None:
+            after(model, records[-1])
+    if loader_only:
+        records.append(run(seed=settings.seed, desc=desc.format(
+            epoch="loader")))
+    return records
 
 
 def hmgraph_epoch(loader, model=None, optimizer=None, *,

@@ -62,21 +62,34 @@ def _build_parser() -> argparse.ArgumentParser:
     train.add_argument("--root", default="data",
                        help="folder holding datasets (default: data)")
     train.add_argument("--model", default="sage", choices=sorted(MODELS))
-    train.add_argument("--fanouts", type=parse_fanouts, default=[15, 10, 5],
-                       help="neighbours per layer, e.g. 15,10,5; "
-                       "the count sets the number of layers")
-    train.add_argument("--batch-size", type=positive_int, default=1024)
-    train.add_argument("--hidden", type=positive_int, default=256)
+    tuned = "(default: the table for the dataset's family, printed at "\
+        "start; see the README)"
+    train.add_argument("--fanouts", type=parse_fanouts, default=None,
+                       help="neighbours per layer, input layer first, e.g. "
+                       "15,10,5; -1 takes all; the count sets the number of "
+                       f"layers {tuned}")
+    train.add_argument("--batch-size", type=positive_int, default=None,
+                       help=tuned)
+    train.add_argument("--hidden", type=positive_int, default=None,
+                       help=tuned)
     train.add_argument("--layers", type=positive_int, default=None,
                        help="number of layers; must match the fanouts "
-                       "(a single fanout is repeated)")
-    train.add_argument("--dropout", type=fraction, default=0.5)
-    train.add_argument("--lr", type=positive_float, default=0.003)
+                       "(a single fanout is repeated; the table's fanouts "
+                       "are cut or extended at the input end)")
+    train.add_argument("--dropout", type=fraction, default=None,
+                       help=f"after each hidden layer {tuned}")
+    train.add_argument("--input-dropout", type=fraction, default=None,
+                       help=f"on the input features {tuned}")
+    train.add_argument("--attn-dropout", type=fraction, default=None,
+                       help=f"on attention weights (gat) {tuned}")
+    train.add_argument("--lr", type=positive_float, default=None,
+                       help=tuned)
     train.add_argument("--weight-decay", type=non_negative_float,
-                       default=0.0)
-    train.add_argument("--num-heads", type=positive_int, default=4,
-                       help="attention heads (gat)")
-    train.add_argument("--epochs", type=positive_int, default=5)
+                       default=None, help=tuned)
+    train.add_argument("--num-heads", type=positive_int, default=None,
+                       help=f"attention heads (gat) {tuned}")
+    train.add_argument("--epochs", type=positive_int, default=None,
+                       help=tuned)
     train.add_argument("--runs", type=positive_int, default=1)
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--device", type=device_name, default="cpu",
@@ -236,28 +249,33 @@ def _analyze_command(args) -> int:
 def _train_command(args) -> int:
     import torch
 
+    from hmgraph import defaults
     from hmgraph.report import format_result
     from hmgraph.train import TrainConfig, train
 
-    fanouts = args.fanouts
+    # (1) The tuned settings: the flags given, the table for the rest.
+    given = {name: getattr(args, name) for name in defaults.TUNED}
+    settings, defaulted = defaults.resolve(args.dataset, args.model, given)
+    fanouts = settings["fanouts"]
     if args.layers is not None:
-        if len(fanouts) == 1:
+        if args.fanouts is None:
+            fanouts = defaults.fit_fanouts(fanouts, args.layers)
+        elif len(fanouts) == 1:
             fanouts = fanouts * args.layers
         elif len(fanouts) != args.layers:
             raise CliError(
                 f"--layers {args.layers} does not match --fanouts "
                 f"{','.join(map(str, fanouts))} ({len(fanouts)} layers)"
             )
+    settings["fanouts"] = fanouts
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise CliError(f"--device {args.device}: no CUDA device here; "
                        f"use --device cpu")
     _check_out(args.out or f"runs/{args.dataset}-{args.model}")
     config = TrainConfig(
         dataset=args.dataset, root=args.root, model=args.model,
-        fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
-        dropout=args.dropout, lr=args.lr, weight_decay=args.weight_decay,
-        num_heads=args.num_heads, epochs=args.epochs, runs=args.runs,
-        seed=args.seed, device=args.device, eval_every=args.eval_every,
+        **settings, runs=args.runs, seed=args.seed, device=args.device,
+        eval_every=args.eval_every,
         eval=args.eval, out=args.out or f"runs/{args.dataset}-{args.model}",
         cache=args.cache, device_budget=args.device_budget,
         host_budget=args.host_budget, features_on=args.features_on,
@@ -270,6 +288,9 @@ def _train_command(args) -> int:
         verify=not args.no_verify,
         progress=not args.no_progress,
     )
+    # (2) Say which defaults this run took, before any loading.
+    print(defaults.describe(args.dataset, args.model, settings, defaulted),
+          flush=True)
     result = train(config)
     print(format_result(result))
     return 0

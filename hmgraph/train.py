@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from hmgraph.cache.format import atomic_path
 from hmgraph.loader import PROFILED_POLICIES, DataLoader
 from hmgraph.models import build_model, layerwise_inference
+from hmgraph.models.layers import add_gcn_degrees
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,8 @@ __all__ = ["LAYOUTS", "CheckpointError", "TrainConfig", "evaluate",
 # Settings a checkpoint must share with the run that resumes it.
 _CHECKPOINT_KEYS = (
     "dataset", "model", "fanouts", "batch_size", "hidden", "layers",
-    "dropout", "lr", "weight_decay", "num_heads", "seed", "sampler",
+    "dropout", "input_dropout", "attn_dropout", "lr", "weight_decay",
+    "num_heads", "seed", "sampler",
     "clusters", "locality", "group_size", "renumber", "layout",
 )
 
@@ -58,6 +60,11 @@ class TrainConfig:
     fanouts : list of int
         Neighbours sampled per layer, first layer first; -1 takes all.
         Its length is the number of GNN layers.
+    input_dropout : float
+        Dropout on the input features (Kipf & Welling's GCN and GAT use
+        the hidden rate on Planetoid).
+    attn_dropout : float
+        Dropout on GAT's attention weights.
     eval_every : int
         Evaluate (full-neighbour inference on all nodes) every this many
         epochs and after the last one.
@@ -109,6 +116,8 @@ class TrainConfig:
     batch_size: int = 1024
     hidden: int = 256
     dropout: float = 0.5
+    input_dropout: float = 0.0
+    attn_dropout: float = 0.0
     lr: float = 0.003
     weight_decay: float = 0.0
     num_heads: int = 4
@@ -194,6 +203,9 @@ def train(config: TrainConfig, dataset=None) -> dict:
     completed = state["completed"] if state else []
     device = torch.device(config.device)
     dataset, sampler, layout, profile = _prepare(config, dataset)
+    if config.model == "gcn":
+        # The graph's degrees, for every block's GCN normalisation.
+        add_gcn_degrees(dataset.graph)
     log.info("%s", dataset)
     loader, memory = make_loader(config, dataset, sampler, device, profile)
     out.mkdir(parents=True, exist_ok=True)  # once every setting fitted
@@ -606,7 +618,8 @@ def _train_run(config, dataset, loader, run, state, device, checkpoint_path,
     model = build_model(
         config.model, dataset.feat_dim, config.hidden, dataset.num_classes,
         num_layers=config.layers, dropout=config.dropout,
-        num_heads=config.num_heads,
+        num_heads=config.num_heads, input_dropout=config.input_dropout,
+        attn_dropout=config.attn_dropout,
     ).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
                                  weight_decay=config.weight_decay)

@@ -17,6 +17,11 @@ from hmgraph.models import (
     build_model,
     layerwise_inference,
 )
+from hmgraph.models.layers import (
+    GCN_IN_DEGREE,
+    GCN_OUT_DEGREE,
+    add_gcn_degrees,
+)
 
 NUM_NODES = 300
 NUM_EDGES = 1500
@@ -25,12 +30,12 @@ NUM_NO_IN_EDGES = 30
 # Seeds mixing nodes with and without in-edges.
 SEEDS = torch.cat([torch.arange(0, 6), torch.arange(100, 140)])
 
-# name -> (layer kind, in_feats, out_feats, num_heads)
+# name -> (layer kind, in_feats, out_feats, num_heads). GCNConv normalises
+# by the graph's degrees with self-loops, so it is checked against DGL on
+# the whole graph in test_gcn_layer_matches_graphconv_with_self_loops.
 LAYER_CASES = {
     "sage-in>out": ("sage", 16, 8, 1),
     "sage-in<out": ("sage", 8, 16, 1),
-    "gcn-in>out": ("gcn", 16, 8, 1),
-    "gcn-in<out": ("gcn", 8, 16, 1),
     "gat-1head": ("gat", 12, 5, 1),
     "gat-3heads": ("gat", 12, 5, 3),
 }
@@ -147,6 +152,138 @@ def test_layer_matches_dgl(case, block_kind):
         )
 
 
+def _randomise(ref, ours):
+    with torch.no_grad():
+        for param in ref.parameters():
+            param.copy_(torch.randn_like(param) * 0.5)
+    ours.load_state_dict(ref.state_dict())
+
+
+def _full_graph_case(chunks, fanout=-1):
+    """Blocks over ``chunks`` (seed tensors) of make_graph(), with the
+    graph's GCN degrees; fanout -1 takes all neighbours."""
+    graph = add_gcn_degrees(make_graph())
+    sampler = dgl.dataloading.NeighborSampler([fanout])
+    return graph, [sampler.sample(graph, seeds) for seeds in chunks]
+
+
+@pytest.mark.parametrize("fanout", [-1, 1000])
+@pytest.mark.parametrize("in_feats,out_feats", [(16, 8), (8, 16)])
+@pytest.mark.parametrize("rescale", [False, True])
+def test_gcn_layer_matches_graphconv_with_self_loops(
+    in_feats, out_feats, fanout, rescale
+):
+    """On blocks holding every in-edge of their dst nodes (full
+    neighbours, or a fanout above every degree), GCNConv is Kipf &
+    Welling's layer on the whole graph: DGL's GraphConv(norm="both") on
+    dgl.add_self_loop(graph), chunk by chunk, gradients included."""
+    chunks = torch.arange(NUM_NODES).split(70)
+    graph, samples = _full_graph_case(chunks, fanout)
+    torch.manual_seed(0)
+    ref = dglnn.GraphConv(in_feats, out_feats, norm="both")
+    ours = GCNConv(in_feats, out_feats, rescale=rescale)
+    _randomise(ref, ours)
+    x = make_features(NUM_NODES, in_feats)
+    x_ref = x.clone().requires_grad_()
+    x_ours = x.clone().requires_grad_()
+    expected = ref(dgl.add_self_loop(graph), x_ref)
+    got = torch.cat([ours(blocks[0], x_ours[input_nodes])
+                     for input_nodes, _, blocks in samples])
+    assert (got - expected).abs().max().item() < 1e-5
+    grad_out = make_features(expected.numel(), 1, seed=1).view_as(expected)
+    expected.backward(grad_out)
+    got.backward(grad_out)
+    torch.testing.assert_close(x_ours.grad, x_ref.grad, atol=1e-4, rtol=1e-4)
+    ref_params = dict(ref.named_parameters())
+    for name, param in ours.named_parameters():
+        torch.testing.assert_close(
+            param.grad, ref_params[name].grad, atol=1e-4, rtol=1e-4
+        )
+
+
+def test_gcn_degrees_are_the_graphs_in_sampled_blocks():
+    """Sampled blocks carry the graph's degrees, not their own."""
+    graph = add_gcn_degrees(make_graph())
+    _, blocks = sampled_blocks(graph, [2, 2])
+    for block in blocks:
+        ids = block.dstdata[dgl.NID].long()
+        assert torch.equal(block.dstdata[GCN_IN_DEGREE],
+                           graph.in_degrees(ids).float())
+        src_ids = block.srcdata[dgl.NID].long()
+        assert torch.equal(block.srcdata[GCN_OUT_DEGREE],
+                           graph.out_degrees(src_ids).float())
+        assert not torch.equal(block.dstdata[GCN_IN_DEGREE],
+                               block.in_degrees().float())
+
+
+def test_gcn_layer_rescales_sampled_sums():
+    """rescale multiplies a dst node's sampled neighbour sum by its graph
+    degree over its sampled in-edges (the self-loop term stays)."""
+    graph = add_gcn_degrees(make_graph())
+    _, blocks = sampled_blocks(graph, [2])
+    block = blocks[0]
+    torch.manual_seed(0)
+    plain = GCNConv(4, 4, bias=False, rescale=False)
+    scaled = GCNConv(4, 4, bias=False, rescale=True)
+    scaled.load_state_dict(plain.state_dict())
+    x = make_features(block.num_src_nodes(), 4)
+    num_dst = block.num_dst_nodes()
+    norm_src = (block.srcdata[GCN_OUT_DEGREE] + 1).pow(-0.5)
+    norm_dst = (block.dstdata[GCN_IN_DEGREE] + 1).pow(-0.5)
+    self_term = (x[:num_dst] * (norm_src[:num_dst] * norm_dst)[:, None]) \
+        @ plain.weight
+    degree, sampled = block.dstdata[GCN_IN_DEGREE], block.in_degrees().float()
+    with torch.no_grad():
+        neigh = plain(block, x) - self_term
+        want = self_term + neigh * (degree / sampled.clamp(min=1))[:, None]
+        torch.testing.assert_close(scaled(block, x), want)
+    assert (degree > sampled).any()  # the case is not trivial
+
+
+def test_gat_self_loop_matches_dgl_with_self_loops():
+    """GATConv(self_loop=True) on full-neighbour blocks equals DGL's
+    GATConv on the graph with exactly one self-loop per node."""
+    chunks = torch.arange(NUM_NODES).split(100)
+    graph = make_graph()
+    graph.add_edges(torch.arange(5), torch.arange(5))  # existing loops
+    sampler = dgl.dataloading.MultiLayerFullNeighborSampler(1)
+    torch.manual_seed(0)
+    ref = dglnn.GATConv(12, 5, 3)
+    ours = GATConv(12, 5, 3, self_loop=True)
+    _randomise(ref, ours)
+    x = make_features(NUM_NODES, 12)
+    with torch.no_grad():
+        expected = ref(dgl.add_self_loop(dgl.remove_self_loop(graph)), x)
+        got = torch.cat([ours(blocks[0], x[input_nodes]) for input_nodes,
+                         _, blocks in (sampler.sample(graph, seeds)
+                                       for seeds in chunks)])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_input_dropout_applies_before_the_first_layer():
+    graph = make_graph()
+    feats = make_features(NUM_NODES, IN_FEATS)
+    blocks, x = _blocks_and_x(graph, feats, [4, 3, 2])
+    torch.manual_seed(0)
+    model = build_model("gcn", IN_FEATS, HIDDEN_FEATS, NUM_CLASSES,
+                        num_layers=NUM_LAYERS, dropout=0.0,
+                        input_dropout=0.5).train()
+    torch.manual_seed(1)
+    got = model(blocks, x)
+    torch.manual_seed(1)
+    h = torch.nn.functional.dropout(x, 0.5)
+    for i, block in enumerate(blocks):
+        h = model.layers[i](block, h)
+        if i != NUM_LAYERS - 1:
+            h = h.relu()
+    torch.testing.assert_close(got, h)
+    model.eval()  # no dropout at inference
+    assert not torch.equal(model(blocks, x), got)
+    with pytest.raises(ValueError, match="input_dropout must be in"):
+        build_model("gcn", IN_FEATS, HIDDEN_FEATS, NUM_CLASSES,
+                    input_dropout=1.0)
+
+
 def test_layer_rejects_wrong_feature_rows():
     graph = make_graph()
     block = make_block(graph, "full")
@@ -225,7 +362,7 @@ def _blocks_and_x(graph, feats, fanouts, fused=True):
 @pytest.mark.parametrize("feature_kind", FEATURE_KINDS)
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_layerwise_inference_matches_full_blocks(name, feature_kind, tmp_path):
-    graph = make_graph()
+    graph = add_gcn_degrees(make_graph())
     feats = make_features(NUM_NODES, IN_FEATS)
     model = make_model(name)
     model.eval()
@@ -241,12 +378,10 @@ def test_layerwise_inference_matches_full_blocks(name, feature_kind, tmp_path):
         path = tmp_path / "feats.npy"
         np.save(path, feats.numpy())
         features = np.load(path, mmap_mode="r")
-    # GCN normalises by the degrees of each block's own edges (as DGL
-    # does), so its layer-wise result equals the full graph's only when one
-    # chunk holds every node; the others are checked with several chunks.
-    batch_size = NUM_NODES if name == "gcn" else 128
+    # GCN normalises by the graph's degrees, which every chunk's block
+    # carries, so several chunks give the full graph's result.
     model.train()
-    logits = layerwise_inference(model, graph, features, batch_size=batch_size)
+    logits = layerwise_inference(model, graph, features, batch_size=128)
     assert model.training, "train mode must be restored"
     assert logits.device.type == "cpu"
     assert logits.shape == (NUM_NODES, NUM_CLASSES)

@@ -1,7 +1,8 @@
 """Node classification models over DGL blocks, and a registry to build them.
 
 Every model has the same constructor, ``(in_feats, hidden_feats,
-num_classes, num_layers=3, dropout=0.5, num_heads=4)``, a ``layers``
+num_classes, num_layers=3, dropout=0.5, num_heads=4, input_dropout=0.0,
+attn_dropout=0.0)``, a ``layers``
 ``nn.ModuleList`` with one entry per hop, ``forward(blocks, x)`` for
 mini-batch training and ``forward_layer(i, block, h)`` for layer-wise
 inference; ``forward`` is a loop over ``forward_layer``.
@@ -34,10 +35,20 @@ class _BlockModel(nn.Module):
         Number of layers, i.e. hops; ``forward`` takes this many blocks.
         Default: ``3``.
     dropout : float, optional
-        Dropout rate after each hidden layer's ReLU. Default: ``0.5``.
+        Dropout rate after each hidden layer's activation. Default: ``0.5``.
     num_heads : int, optional
         Attention heads, used by ``GAT`` only. Default: ``4``.
+    input_dropout : float, optional
+        Dropout rate on the input features, before the first layer, as
+        Kipf & Welling's GCN and the GAT paper use on Planetoid. Default:
+        ``0.0``.
+    attn_dropout : float, optional
+        Dropout rate on the attention weights, used by ``GAT`` only.
+        Default: ``0.0``.
     """
+
+    #: Activation after each hidden layer.
+    activation = staticmethod(F.relu)
 
     def __init__(
         self,
@@ -47,6 +58,8 @@ class _BlockModel(nn.Module):
         num_layers=3,
         dropout=0.5,
         num_heads=4,
+        input_dropout=0.0,
+        attn_dropout=0.0,
     ):
         super().__init__()
         for name, value in [
@@ -60,13 +73,20 @@ class _BlockModel(nn.Module):
                 raise ValueError(
                     f"{name} must be a positive int; got {value!r}"
                 )
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1); got {dropout!r}")
+        for name, value in [
+            ("dropout", dropout),
+            ("input_dropout", input_dropout),
+            ("attn_dropout", attn_dropout),
+        ]:
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be in [0, 1); got {value!r}")
         self.in_feats = int(in_feats)
         self.hidden_feats = int(hidden_feats)
         self.num_classes = int(num_classes)
         self.num_layers = int(num_layers)
         self.dropout = nn.Dropout(dropout)
+        self.input_dropout = nn.Dropout(input_dropout)
+        self.attn_dropout = float(attn_dropout)
         self.layers = nn.ModuleList()
 
     def _layer_dims(self):
@@ -83,6 +103,8 @@ class _BlockModel(nn.Module):
     def forward_layer(self, i, block, h):
         """Run layer ``i`` including its activation and dropout.
 
+        Layer 0 first applies the input dropout to ``h`` (in training mode).
+
         Parameters
         ----------
         i : int
@@ -98,16 +120,19 @@ class _BlockModel(nn.Module):
         -------
         torch.Tensor
             Shape ``(block.num_dst_nodes(), hidden_feats)`` for hidden
-            layers (after ReLU and dropout) or ``(block.num_dst_nodes(),
-            num_classes)`` logits for the last layer, on ``h.device``.
+            layers (after the activation and dropout) or
+            ``(block.num_dst_nodes(), num_classes)`` logits for the last
+            layer, on ``h.device``.
         """
         if not 0 <= i < self.num_layers:
             raise ValueError(
                 f"layer index must be in [0, {self.num_layers}); got {i!r}"
             )
+        if i == 0:
+            h = self.input_dropout(h)
         h = self._apply_layer(i, block, h)
         if i != self.num_layers - 1:
-            h = self.dropout(F.relu(h))
+            h = self.dropout(self.activation(h))
         return h
 
     def forward(self, blocks, x):
@@ -152,9 +177,12 @@ class _ConvStack(_BlockModel):
         num_layers=3,
         dropout=0.5,
         num_heads=4,
+        input_dropout=0.0,
+        attn_dropout=0.0,
     ):
         super().__init__(
-            in_feats, hidden_feats, num_classes, num_layers, dropout, num_heads
+            in_feats, hidden_feats, num_classes, num_layers, dropout,
+            num_heads, input_dropout, attn_dropout,
         )
         for d_in, d_out in self._layer_dims():
             self.layers.append(self.conv(d_in, d_out))
@@ -170,7 +198,13 @@ class GraphSAGE(_ConvStack):
 
 
 class GCN(_ConvStack):
-    """GCN with symmetric normalisation. See `_BlockModel` for parameters."""
+    """GCN of Kipf & Welling (2017). See `_BlockModel` for parameters.
+
+    Each layer is a `GCNConv`: ``A + I`` normalised symmetrically by the
+    graph's degrees, which the blocks carry once `add_gcn_degrees` has run
+    on the graph they are sampled from (``hmgraph train`` does this).
+    With full-neighbour blocks the model equals a full-graph GCN.
+    """
 
     conv = GCNConv
 
@@ -178,6 +212,9 @@ class GCN(_ConvStack):
 class GAT(_BlockModel):
     """Graph attention network. See `_BlockModel` for parameters.
 
+    As in the GAT paper (Velickovic et al., 2018): each node attends to its
+    sampled neighbours and itself (`GATConv` with ``self_loop=True``),
+    hidden layers use ELU, and ``attn_dropout`` drops attention weights.
     Hidden layers have ``num_heads`` heads of ``hidden_feats // num_heads``
     features each, concatenated to ``hidden_feats``; the last layer has
     ``num_heads`` heads of ``num_classes`` features, averaged.
@@ -196,9 +233,12 @@ class GAT(_BlockModel):
         num_layers=3,
         dropout=0.5,
         num_heads=4,
+        input_dropout=0.0,
+        attn_dropout=0.0,
     ):
         super().__init__(
-            in_feats, hidden_feats, num_classes, num_layers, dropout, num_heads
+            in_feats, hidden_feats, num_classes, num_layers, dropout,
+            num_heads, input_dropout, attn_dropout,
         )
         if hidden_feats % num_heads != 0:
             raise ValueError(
@@ -209,7 +249,11 @@ class GAT(_BlockModel):
         for i, (d_in, d_out) in enumerate(self._layer_dims()):
             if i != self.num_layers - 1:
                 d_out //= self.num_heads
-            self.layers.append(GATConv(d_in, d_out, self.num_heads))
+            self.layers.append(GATConv(d_in, d_out, self.num_heads,
+                                       attn_drop=self.attn_dropout,
+                                       self_loop=True))
+
+    activation = staticmethod(F.elu)
 
     def _apply_layer(self, i, block, h):
         h = self.layers[i](block, h)
@@ -240,9 +284,12 @@ class MLP(_BlockModel):
         num_layers=3,
         dropout=0.5,
         num_heads=4,
+        input_dropout=0.0,
+        attn_dropout=0.0,
     ):
         super().__init__(
-            in_feats, hidden_feats, num_classes, num_layers, dropout, num_heads
+            in_feats, hidden_feats, num_classes, num_layers, dropout,
+            num_heads, input_dropout, attn_dropout,
         )
         for d_in, d_out in self._layer_dims():
             self.layers.append(nn.Linear(d_in, d_out))
@@ -267,6 +314,8 @@ def build_model(
     num_layers=3,
     dropout=0.5,
     num_heads=4,
+    input_dropout=0.0,
+    attn_dropout=0.0,
 ):
     """Build a model from the `MODELS` registry by name.
 
@@ -275,6 +324,8 @@ def build_model(
     name : str
         One of ``"gat"``, ``"gcn"``, ``"mlp"``, ``"sage"``.
     in_feats, hidden_feats, num_classes, num_layers, dropout, num_heads
+        Passed to the model's constructor; see `GraphSAGE`.
+    input_dropout, attn_dropout : float, optional
         Passed to the model's constructor; see `GraphSAGE`.
 
     Returns
@@ -304,4 +355,6 @@ def build_model(
         num_layers=num_layers,
         dropout=dropout,
         num_heads=num_heads,
+        input_dropout=input_dropout,
+        attn_dropout=attn_dropout,
     )

@@ -120,9 +120,10 @@ def layerwise_inference(
 
     Notes
     -----
-    `GCNConv` normalises by the degrees of each block's own edges, as DGL's
-    ``GraphConv`` does, so a GCN's result depends on ``batch_size``; it
-    equals one full-graph pass only when ``batch_size >= num_nodes``.
+    `GCNConv` normalises by the graph's degrees, which the blocks carry
+    once `hmgraph.models.layers.add_gcn_degrees` has run on ``graph``; a GCN
+    then equals one full-graph pass at any ``batch_size``. Without them it
+    falls back to each block's own degrees, which depend on the chunk.
 
     Examples
     --------

@@ -17,7 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SAGEConv", "GCNConv", "GATConv"]
+__all__ = [
+    "GCN_IN_DEGREE",
+    "GCN_OUT_DEGREE",
+    "SAGEConv",
+    "GCNConv",
+    "GATConv",
+    "add_gcn_degrees",
+]
 
 
 def _edge_index(block, x):
@@ -143,14 +150,61 @@ class SAGEConv(nn.Module):
         return f"in_feats={self.in_feats}, out_feats={self.out_feats}"
 
 
-class GCNConv(nn.Module):
-    """Graph convolution with symmetric normalisation.
+#: Node data keys of the graph's in- and out-degrees (float, without
+#: self-loops) that `add_gcn_degrees` stores and `GCNConv` reads from its
+#: blocks; DGL's samplers copy a graph's ``ndata`` into the blocks'
+#: ``srcdata`` / ``dstdata``.
+GCN_IN_DEGREE = "_gcn_in_degree"
+GCN_OUT_DEGREE = "_gcn_out_degree"
 
-    Computes ``d_in(v)^-1/2 * sum_{u -> v} d_out(u)^-1/2 h_u W + b`` where
-    the degrees are those of the block's own edges, clamped to at least 1.
-    Equal to ``dgl.nn.GraphConv(in_feats, out_feats, norm="both",
-    allow_zero_in_degree=True)`` with the same parameters: ``weight`` of
+
+def add_gcn_degrees(graph):
+    """Store the graph's degrees for `GCNConv` as node data, once.
+
+    Parameters
+    ----------
+    graph : dgl.DGLGraph
+        A homogeneous graph on the CPU; its ``ndata`` gains
+        `GCN_IN_DEGREE` and `GCN_OUT_DEGREE` (float32, shape
+        ``(num_nodes,)``, 8 bytes per node), which every block sampled
+        from it carries.
+
+    Returns
+    -------
+    dgl.DGLGraph
+        ``graph`` itself.
+
+    Examples
+    --------
+    >>> add_gcn_degrees(graph)  # doctest: +SKIP
+    >>> sampler = dgl.dataloading.NeighborSampler([-1, -1])
+    >>> _, _, blocks = sampler.sample(graph, seeds)  # doctest: +SKIP
+    >>> GCN_IN_DEGREE in blocks[0].dstdata  # doctest: +SKIP
+    True
+    """
+    graph.ndata[GCN_IN_DEGREE] = graph.in_degrees().to(torch.float32)
+    graph.ndata[GCN_OUT_DEGREE] = graph.out_degrees().to(torch.float32)
+    return graph
+
+
+class GCNConv(nn.Module):
+    """Graph convolution of Kipf & Welling (2017) on a block.
+
+    Computes ``h_v' = n_v (n_v h_v + s_v sum_{u -> v} n_u h_u) W + b`` with
+    ``n = (degree + 1)^-1/2``: symmetric normalisation of ``A + I`` by the
+    degrees of the whole graph, read from the block's node data that
+    `add_gcn_degrees` put on the graph (out-degrees for the sources,
+    in-degrees for the destinations). The self-loop term uses the dst
+    node's own row (dst nodes are the first ``num_dst`` source nodes).
+    ``s_v`` is 1, or with ``rescale`` the graph in-degree over the number
+    of sampled in-edges, so a sampled neighbour sum estimates the full one.
+
+    With every in-edge of its dst nodes in the block (full neighbours, or a
+    fanout at least the degree), the layer equals
+    ``dgl.nn.GraphConv(in_feats, out_feats, norm="both")`` on
+    ``dgl.add_self_loop(graph)`` with the same parameters: ``weight`` of
     shape ``(in_feats, out_feats)`` and ``bias`` of shape ``(out_feats,)``.
+    Layer-wise inference in chunks then equals one full-graph pass.
 
     Parameters
     ----------
@@ -160,19 +214,24 @@ class GCNConv(nn.Module):
         Output feature size.
     bias : bool, optional
         Whether to add a learnable bias. Default: ``True``.
+    rescale : bool, optional
+        Scale the sampled neighbour sum by ``degree / sampled`` (1 with
+        full neighbours). Default: ``True``: with fanouts 5,5 it raised
+        test accuracy from 80.4 to 81.3 on Cora and from 70.0 to 70.9 on
+        CiteSeer (5 runs each; see the README).
 
     Notes
     -----
-    The source out-degrees count only the block's edges, so a source node's
-    weight depends on which dst nodes share the block: the same node gets
-    different outputs in blocks of different seed sets, and layer-wise
-    inference in chunks differs from one full-graph pass.
+    A block without the graph's degrees (a graph that `add_gcn_degrees`
+    never saw) falls back to the block's own degrees plus one: then a
+    node's weight depends on which nodes share its block.
     """
 
-    def __init__(self, in_feats, out_feats, bias=True):
+    def __init__(self, in_feats, out_feats, bias=True, rescale=True):
         super().__init__()
         self.in_feats = in_feats
         self.out_feats = out_feats
+        self.rescale = rescale
         self.weight = nn.Parameter(torch.empty(in_feats, out_feats))
         if bias:
             self.bias = nn.Parameter(torch.empty(out_feats))
@@ -192,7 +251,8 @@ class GCNConv(nn.Module):
         Parameters
         ----------
         block : dgl.DGLGraph
-            A DGL block on the CPU.
+            A DGL block on the CPU, with the graph's degrees in its node
+            data (see `add_gcn_degrees`).
         x : torch.Tensor
             Source node features, shape ``(num_src, in_feats)``, on any
             device.
@@ -204,23 +264,32 @@ class GCNConv(nn.Module):
         """
         src, dst = _edge_index(block, x)
         num_src, num_dst = x.shape[0], block.num_dst_nodes()
-        out_degrees = torch.bincount(src, minlength=num_src).to(x.dtype)
-        h = x * out_degrees.clamp(min=1).pow(-0.5).unsqueeze(-1)
+        sampled = _in_degrees(dst, num_dst, x)
+        if GCN_IN_DEGREE in block.dstdata and \
+                GCN_OUT_DEGREE in block.srcdata:
+            in_degrees = block.dstdata[GCN_IN_DEGREE].to(x.device, x.dtype)
+            out_degrees = block.srcdata[GCN_OUT_DEGREE].to(x.device, x.dtype)
+        else:
+            in_degrees = sampled
+            out_degrees = torch.bincount(src, minlength=num_src).to(x.dtype)
+        h = x * (out_degrees + 1).pow(-0.5).unsqueeze(-1)
         # Multiply by W on the narrower side of the aggregation, as DGL.
         if self.in_feats > self.out_feats:
             h = h @ self.weight
-            h = _sum_by_dst(h.index_select(0, src), dst, num_dst)
-        else:
-            h = _sum_by_dst(h.index_select(0, src), dst, num_dst)
-            h = h @ self.weight
-        in_degrees = _in_degrees(dst, num_dst, x).clamp(min=1)
-        h = h * in_degrees.pow(-0.5).unsqueeze(-1)
+        agg = _sum_by_dst(h.index_select(0, src), dst, num_dst)
+        if self.rescale:
+            agg = agg * (in_degrees / sampled.clamp(min=1)).unsqueeze(-1)
+        agg = agg + h[:num_dst]  # the self-loop
+        if self.in_feats <= self.out_feats:
+            agg = agg @ self.weight
+        h = agg * (in_degrees + 1).pow(-0.5).unsqueeze(-1)
         if self.bias is not None:
             h = h + self.bias
         return h
 
     def extra_repr(self):
-        return f"in_feats={self.in_feats}, out_feats={self.out_feats}"
+        return (f"in_feats={self.in_feats}, out_feats={self.out_feats}, "
+                f"rescale={self.rescale}")
 
 
 class GATConv(nn.Module):
@@ -254,6 +323,12 @@ class GATConv(nn.Module):
         LeakyReLU slope for the attention logits. Default: ``0.2``.
     bias : bool, optional
         Whether to add a learnable bias. Default: ``True``.
+    self_loop : bool, optional
+        Let each dst node attend to itself, as in the GAT paper (Velickovic
+        et al., 2018): the block's self-loop edges are dropped and one is
+        added per dst node, which equals DGL's ``GATConv`` on
+        ``dgl.add_self_loop(dgl.remove_self_loop(graph))``. Default:
+        ``False`` (the block's edges as they are).
     """
 
     def __init__(
@@ -265,11 +340,13 @@ class GATConv(nn.Module):
         attn_drop=0.0,
         negative_slope=0.2,
         bias=True,
+        self_loop=False,
     ):
         super().__init__()
         self.in_feats = in_feats
         self.out_feats = out_feats
         self.num_heads = num_heads
+        self.self_loop = self_loop
         self.negative_slope = negative_slope
         self.fc = nn.Linear(in_feats, out_feats * num_heads, bias=False)
         self.attn_l = nn.Parameter(torch.empty(1, num_heads, out_feats))
@@ -309,6 +386,12 @@ class GATConv(nn.Module):
         """
         src, dst = _edge_index(block, x)
         num_dst = block.num_dst_nodes()
+        if self.self_loop:
+            # Src id u < num_dst is dst node u, so u -> u is a self-loop.
+            keep = src != dst
+            loops = torch.arange(num_dst, device=x.device)
+            src = torch.cat([src[keep], loops])
+            dst = torch.cat([dst[keep], loops])
         heads, out_feats = self.num_heads, self.out_feats
         feat_src = self.fc(self.feat_drop(x)).view(-1, heads, out_feats)
         feat_dst = feat_src[:num_dst]
@@ -336,5 +419,5 @@ class GATConv(nn.Module):
     def extra_repr(self):
         return (
             f"in_feats={self.in_feats}, out_feats={self.out_feats}, "
-            f"num_heads={self.num_heads}"
+            f"num_heads={self.num_heads}, self_loop={self.self_loop}"
         )

@@ -1,12 +1,7 @@
-"""Cluster sampling (2PGraph) against DGL's uniform neighbour sampling.
-
-Four parts, the results rewritten after each: (1) sampling seconds per
-sampler, METIS parts one per batch (`common.metis_parts`); (2) static
-placement hit rates on the epoch traces; (3) storage pages of those traces
-from the feature file and the file renumbered by cluster; (4) accuracy of
-`hmgraph.train` with exact and cluster sampling on synth-small and Cora.
-Details and targets: bench/README.md.
-``python bench/cluster.py --quick --root /tmp/hmg``.
+"""Cluster sampling (2PGraph) against DGL's uniform neighbour sampling:
+sampling seconds, static placement hit rates, storage pages per epoch and
+accuracy of `hmgraph.train`, the results rewritten after each part.
+Details, targets and examples: bench/README.md.
 """
 
 from __future__ import annotations
@@ -36,8 +31,8 @@ TRACED = (DGL, CLUSTER_TRACE)  # the traces parts 2 and 3 replay
 CORA = {"dataset": "cora", "fanouts": [10, 10], "batch_size": 32,
         "hidden": 64, "lr": 0.01, "weight_decay": 5e-4, "dropout": 0.5}
 SYNTH_TRAIN = {"lr": 0.01, "weight_decay": 0.0, "dropout": 0.5}
-TRAIN_CONFIGS = (("exact", "neighbor", 0.0), ("cluster l=0.5", "cluster",
-                                              0.5),
+TRAIN_CONFIGS = (("exact", "neighbor", 0.0),
+                 ("cluster l=0.5", "cluster", 0.5),
                  ("cluster l=1", "cluster", 1.0))
 SAMPLE_RATIO_MAX, PAGES_RATIO_MAX, ACCURACY_GAP_MAX = 0.5, 0.5, 1.0
 DEFAULTS = {"dataset": "synth-products", "small": "synth-small",
@@ -171,9 +166,8 @@ def part_hit_rates(dataset, parts, traces, args) -> list[dict]:
     n = dataset.num_nodes
     device_rows, host_rows = int(DEVICE_SHARE * n), int(HOST_SHARE * n)
     records = []
-    for name, locality, group_size in SAMPLERS:
-        if name not in traces:
-            continue
+    for name, locality, group_size in (s for s in SAMPLERS
+                                       if s[0] in traces):
         trace = traces[name]
         sampler, _ = timed_sampler(dataset.graph, args.fanouts, parts,
                                    locality, group_size)
@@ -236,15 +230,14 @@ def storage_epoch(path, trace, mapping, max_batches, desc) -> dict:
         stats, direct = feature.stats.as_dict(), feature.direct
     bar.close()
     pages = stats["blocks_read"] + planned
+    reads = {f"read_{k}": stats[v] for k, v in (
+        ("pages", "blocks_read"), ("bytes", "bytes_read"),
+        ("rows", "rows_read"), ("calls", "io_requests"),
+        ("seconds", "seconds"))}
     return {"batches": len(trace), "batches_read": read,
             "block_bytes": stats["block_bytes"], "pages": pages,
             "bytes": stats["bytes_read"] + planned * stats["block_bytes"],
-            "pages_per_batch": pages / len(trace),
-            "read_pages": stats["blocks_read"],
-            "read_bytes": stats["bytes_read"],
-            "read_rows": stats["rows_read"],
-            "read_calls": stats["io_requests"],
-            "read_seconds": stats["seconds"],
+            "pages_per_batch": pages / len(trace), **reads,
             "read_seconds_per_batch": stats["seconds"] / max(1, read),
             "plan_matches_reads": planned_read == stats["blocks_read"],
             "direct": direct}
@@ -356,88 +349,73 @@ def targets(result: dict) -> list[dict]:
     return rows
 
 
+def section(title: str, note: str, headers: list, rows: list) -> list:
+    """A report section: heading, one-line note (the rest in
+    bench/README.md) and table."""
+    return [f"## {title}", "", note, "", common.markdown_table(headers, rows),
+            ""]
+
+
 def report(result: dict) -> str:
     c, env = result["config"], result["environment"]
-    fanouts = ",".join(map(str, c["fanouts"]))
     text = ["# Cluster sampling", "", f"{common.environment_text(env)} "
             "(per part in the JSON).", ""]
     if "nodes" in c:
         text[2] = (f"{c['dataset']}: {c['nodes']:,} nodes, {c['edges']:,} "
                    f"edges, {c['train_seeds']:,} train seeds in "
                    f"{c['batches']} batches of {c['batch_size']}, fanouts "
-                   f"{fanouts}; " + text[2])
+                   f"{','.join(map(str, c['fanouts']))}; " + text[2])
         text += [common.metis_text(result["metis"]), ""]
     if result["sampling"]:
-        text += ["## Sampling", "", "Seconds in `sampler.sample` only, the "
-                 f"fastest of {c['repeats']} interleaved epoch(s); construct:"
-                 " edge weights and METIS; amortized over N = "
-                 f"{c['amortize_epochs']} epochs.", "", common.markdown_table(
-                     ["sampler", "batches", "sample s", "vs DGL (x)",
-                      "construct s", "amortized vs DGL (x)",
-                      "input nodes/batch", "sampled edges/batch",
-                      "rows touched/epoch"],
-                     [[r["sampler"], r["batches"], r["seconds"],
-                       r["vs_dgl"], r["construct_seconds"],
-                       r["amortized_vs_dgl"],
-                       round(r["input_nodes_per_batch"]),
-                       round(r["edges_per_batch"]), r["rows_touched"]]
-                      for r in result["sampling"]]), ""]
+        text += section(
+            "Sampling", f"`sampler.sample` seconds, fastest of {c['repeats']}"
+            f" epoch(s); amortized over {c['amortize_epochs']} epochs.",
+            ["sampler", "batches", "sample s", "vs DGL (x)", "construct s",
+             "amortized vs DGL (x)", "input nodes/batch",
+             "sampled edges/batch", "rows touched/epoch"],
+            [[r["sampler"], r["batches"], r["seconds"], r["vs_dgl"],
+              r["construct_seconds"], r["amortized_vs_dgl"],
+              round(r["input_nodes_per_batch"]), round(r["edges_per_batch"]),
+              r["rows_touched"]] for r in result["sampling"]])
     if result["hit_rates"]:
         r0 = result["hit_rates"][0]
-        text += ["## Static placement hit rates", "", f"Device tier "
-                 f"{100 * DEVICE_SHARE:.1f} % of rows ({r0['device_rows']:,})"
-                 f", host tier {100 * HOST_SHARE:.1f} % ({r0['host_rows']:,})"
-                 f"; profile: `presample` over {r0['profile_batches']} "
-                 f"batches, seed {r0['profile_seed']}; Belady: the optimal "
-                 "offline policy with device + host rows.", "",
-                 common.markdown_table(
-                     ["trace", "policy", "device hit %", "host hit %",
-                      "storage %", "device + host %",
-                      "Belady device + host %", "profiled rows"],
-                     [[r["trace"], r["policy"], 100 * r["hit_rate"]["device"],
-                       100 * r["hit_rate"]["host"],
-                       100 * r["hit_rate"]["storage"],
-                       100 * (1 - r["hit_rate"]["storage"]),
-                       100 * r["belady_hit_rate"], r["profiled_rows"]]
-                      for r in result["hit_rates"]]), ""]
+        text += section(
+            "Static placement hit rates", f"Device {r0['device_rows']:,} "
+            f"rows, host {r0['host_rows']:,}; profile over "
+            f"{r0['profile_batches']} batches, seed {r0['profile_seed']}.",
+            ["trace", "policy", "device hit %", "host hit %", "storage %",
+             "device + host %", "Belady device + host %", "profiled rows"],
+            [[r["trace"], r["policy"], 100 * r["hit_rate"]["device"],
+              100 * r["hit_rate"]["host"], 100 * r["hit_rate"]["storage"],
+              100 * (1 - r["hit_rate"]["storage"]),
+              100 * r["belady_hit_rate"], r["profiled_rows"]]
+             for r in result["hit_rates"]])
     if result["storage"]:
-        text += ["## Storage pages per epoch", "", "`StorageFeature` (O_DIRECT"
-                 f": {result['storage'][0]['direct']}; no cache), original "
-                 "file and renumbered by cluster (`" + result["renumber"][
-                     "path"] + f"`, {result['renumber']['seconds']:.1f} s); "
-                 "unread batches counted from the read plan (plan matched the"
-                 " reads: "
-                 f"{all(r['plan_matches_reads'] for r in result['storage'])})"
-                 ".", "", common.markdown_table(
-                     ["trace", "layout", "pages/epoch", "GB/epoch",
-                      "pages/batch", "vs original (x)", "batches read",
-                      "read s/batch"],
-                     [[r["trace"], r["layout"], r["pages"], r["bytes"] / 1e9,
-                       round(r["pages_per_batch"]), r["vs_original"],
-                       f"{r['batches_read']} of {r['batches']}",
-                       r["read_seconds_per_batch"]]
-                      for r in result["storage"]]), ""]
+        matched = all(r["plan_matches_reads"] for r in result["storage"])
+        text += section(
+            "Storage pages per epoch", f"O_DIRECT: "
+            f"{result['storage'][0]['direct']}; renumbered in "
+            f"{result['renumber']['seconds']:.1f} s; read plan matched the "
+            f"reads: {matched}.",
+            ["trace", "layout", "pages/epoch", "GB/epoch", "pages/batch",
+             "vs original (x)", "batches read", "read s/batch"],
+            [[r["trace"], r["layout"], r["pages"], r["bytes"] / 1e9,
+              round(r["pages_per_batch"]), r["vs_original"],
+              f"{r['batches_read']} of {r['batches']}",
+              r["read_seconds_per_batch"]] for r in result["storage"]])
     if result["accuracy"]:
-        text += ["## Accuracy", "", "`hmgraph.train`, GraphSAGE; cluster: "
-                 f"group size {TRAIN_GROUP_SIZE}. Test accuracy at the best "
-                 f"validation (every {c['eval_every']} epoch(s)), mean ± std "
-                 f"over runs. synth: fanouts {fanouts}, batch "
-                 f"{c['batch_size']}, hidden {c['hidden']}, lr "
-                 f"{SYNTH_TRAIN['lr']}; Cora: fanouts 10,10, batch "
-                 f"{CORA['batch_size']}, hidden {CORA['hidden']}, lr "
-                 f"{CORA['lr']}, weight decay {CORA['weight_decay']}.", "",
-                 common.markdown_table(
-                     ["dataset", "sampler", "epochs", "runs",
-                      "test % (best valid)", "per run", "test % last epoch",
-                      "gap vs exact (points)", "epoch s", "eval s"],
-                     [[r["dataset"], r["config"], r["epochs"], r["runs"],
-                       f"{100 * r['test_mean']:.2f} ± "
-                       f"{100 * r['test_std']:.2f}",
-                       ", ".join(f"{100 * t:.2f}" for t in r["test"]),
-                       100 * sum(r["test_last_epoch"])
-                       / len(r["test_last_epoch"]), r["gap_points"],
-                       r["epoch_seconds_mean"], r["eval_seconds_mean"]]
-                      for r in result["accuracy"]]), ""]
+        text += section(
+            "Accuracy", f"GraphSAGE, test % at the best validation (every "
+            f"{c['eval_every']} epoch(s)), mean ± std over runs.",
+            ["dataset", "sampler", "epochs", "runs", "test % (best valid)",
+             "per run", "test % last epoch", "gap vs exact (points)",
+             "epoch s", "eval s"],
+            [[r["dataset"], r["config"], r["epochs"], r["runs"],
+              f"{100 * r['test_mean']:.2f} ± {100 * r['test_std']:.2f}",
+              ", ".join(f"{100 * t:.2f}" for t in r["test"]),
+              100 * sum(r["test_last_epoch"]) / len(r["test_last_epoch"]),
+              r["gap_points"], r["epoch_seconds_mean"],
+              r["eval_seconds_mean"]] for r in result["accuracy"]])
     text += ["## Targets", "", common.targets_table(result["targets"]), ""]
     if result["notes"]:
         text += ["## Notes", "", *(f"- {n}" for n in result["notes"]), ""]

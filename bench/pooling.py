@@ -3,10 +3,7 @@
 Every (dataset, model) pair runs `hmgraph.classify.run` (stratified
 k-fold CV, validation carved from each training fold, selection and early
 stopping on validation only); target: HAP best of the harness on at least
-3 of the 4 datasets. Details in bench/README.md.
-
-Examples: ``python bench/pooling.py`` (all, ~1.5 h on 2 cores);
-``python bench/pooling.py --quick`` (MUTAG, 2 folds, 3 epochs).
+3 of the 4 datasets. Details and examples in bench/README.md.
 """
 
 from __future__ import annotations
@@ -37,32 +34,10 @@ FAMILIES = {"hap": ["hap", "hap-sum"], "gin": ["gin", "gin-mean"]}
 # Relative cost of one epoch (measured on 2 cores), to start big jobs first.
 COST = {"NCI1": 8.0, "PROTEINS": 3.0, "ENZYMES": 1.5, "MUTAG": 0.3}
 
-# Published 10-fold figures (accuracy %, mean ± std) by paper, with the
-# paper's protocol; none is the same as ours.
-PUBLISHED = {
-    "SAGPool paper (Lee et al. 2019, Table 3)": (
-        "10-fold CV repeated with 20 seeds, 10 % of each training fold for "
-        "validation, early stopping on validation loss (patience 50), "
-        "hidden 128, lr 5e-4", {
-            "sagpool": {"PROTEINS": "71.86 ± 0.97", "NCI1": "67.45 ± 1.11"},
-            "topk": {"PROTEINS": "71.10 ± 0.90", "NCI1": "67.02 ± 2.25"},
-            "diffpool": {"PROTEINS": "68.20 ± 2.02",
-                         "NCI1": "62.32 ± 1.90"}}),
-    "DiffPool paper (Ying et al. 2018, Table 1)": (
-        "10-fold CV, no separate validation set reported",
-        {"diffpool": {"PROTEINS": "76.25", "ENZYMES": "62.53"}}),
-    "GIN paper (Xu et al. 2019, Table 1, GIN-0)": (
-        "10-fold CV; the epoch best on the test folds' mean is reported",
-        {"gin": {"MUTAG": "89.4 ± 5.6", "PROTEINS": "76.2 ± 2.8",
-                 "NCI1": "82.7 ± 1.7"}}),
-    "Errica et al. 2020 (fair comparison, Table 3)": (
-        "10-fold CV, hold-out validation inside each training fold for "
-        "grid search and early stopping; the closest to ours", {
-            "gin": {"PROTEINS": "73.3 ± 4.0", "NCI1": "80.0 ± 1.4",
-                    "ENZYMES": "59.6 ± 4.5"},
-            "diffpool": {"PROTEINS": "73.7 ± 3.5", "NCI1": "76.9 ± 1.9",
-                         "ENZYMES": "59.5 ± 5.6"}}),
-}
+# Published 10-fold figures (accuracy %) by paper: {source: [protocol,
+# {model: {dataset: "mean ± std"}}]}; none has our protocol.
+PUBLISHED = json.loads(Path(__file__).with_name("pooling_published.json")
+                       .read_text(encoding="utf-8"))
 SETTINGS = ("folds", "epochs", "patience", "batch_size", "hidden", "lr",
             "seed")
 
@@ -140,12 +115,11 @@ def targets(records, datasets, selected):
                          key=means.__getitem__)
         # A tie is not a win for HAP.
         best = "hap" if means["hap"] > means[best_other] else best_other
-        out[dataset] = {
-            "best": best,
-            "hap": means["hap"], "best_other": best_other,
-            "best_other_mean": means[best_other],
-            "margin_points": 100 * (means["hap"] - means[best_other]),
-        }
+        out[dataset] = {"best": best, "hap": means["hap"],
+                        "best_other": best_other,
+                        "best_other_mean": means[best_other],
+                        "margin_points": 100 * (means["hap"]
+                                                - means[best_other])}
     wins = sum(t["best"] == "hap" for t in out.values())
     return {"per_dataset": out, "hap_wins": wins,
             "pass": wins >= 3 and len(out) == 4,
@@ -217,24 +191,18 @@ def markdown(report) -> str:
         lines += ["", "Every configuration (one fixed setting each):"]
     lines += table(models, by_key, bold=not choose)
     if choose:
-        lines += ["", "Models compared (the target's table): on every "
-                  "fold each model's configuration with the best "
-                  "validation accuracy (ties: lower validation loss) is "
-                  "scored on that fold's test set, as in Errica et al.'s "
-                  "selection on an inner hold-out; "
-                  + "; ".join(f"{f}: {', '.join(FAMILIES[f])}"
-                              for f in families if f in FAMILIES)
-                  + "; the others have one configuration. In brackets: "
-                  "folds won by each configuration."]
+        lines += ["", "Models compared (the target's table), each fold's "
+                  "pick on validation (bench/README.md): " + "; ".join(
+                      f"{f}: {', '.join(FAMILIES[f])}"
+                      for f in families if f in FAMILIES)
+                  + "; in brackets: folds won by each configuration."]
         lines += table(families, selected, bold=True)
     limited = {d: n for d, n in config["folds_run"].items()
                if n < config["folds"]}
     if limited:
-        lines += ["", "**Fewer folds than the protocol's "
-                  f"{config['folds']}** (time budget of the 2-core "
-                  "machine): " + ", ".join(
-                      f"{d}: first {n} folds" for d, n in limited.items())
-                  + ". Those cells are means over the folds run."]
+        lines += ["", f"**Fewer folds than the protocol's {config['folds']}"
+                  "**: " + ", ".join(f"{d}: first {n} folds" for d, n in
+                                     limited.items()) + "."]
     cost = [[m, *(f"{r['summary']['epochs_mean']:.0f} ep, "
                   f"{r['wall_seconds']:.0f} s" if r else "—"
                   for r in (by_key.get((d, m)) for d in datasets))]
@@ -248,11 +216,8 @@ def markdown(report) -> str:
               "## Published figures (their protocols, not ours)", "",
               common.markdown_table(["source", "model", *datasets],
                                     published)]
-    lines += ["", "Protocols of the cited figures (transcribed from the "
-              "papers' tables; Errica et al.'s is the one ours follows, with"
-              " a grid search where we "
-              + ("pick among the configurations above" if choose else
-                 "use one setting") + "):", ""]
+    lines += ["", "Protocols of the cited figures (Errica et al.'s is "
+              "ours, see bench/README.md):", ""]
     lines += [f"- **{source}**: {protocol}." for source, (protocol, _) in
               PUBLISHED.items()]
     # Target.
@@ -308,27 +273,26 @@ def merge(paths):
     seen = set()
     config["datasets"], config["models"] = [], []
     for path, report in zip(paths, reports, strict=True):
-        for key in SETTINGS:
-            if report["config"][key] != base["config"][key]:
-                raise SystemExit(
-                    f"{path}: {key}={report['config'][key]!r} differs from "
-                    f"{paths[0]}'s {base['config'][key]!r}; only runs of "
-                    f"one protocol can be merged")
-        for dataset, folds in report["config"]["folds_run"].items():
-            if config["folds_run"].setdefault(dataset, folds) != folds:
-                raise SystemExit(
-                    f"{path}: {dataset} ran {folds} folds, another run "
-                    f"{config['folds_run'][dataset]}; merge needs equal folds")
+        new, pairs = report["config"], []
+        problems = [f"{k}={new[k]!r} differs from {paths[0]}'s "
+                    f"{base['config'][k]!r}; only runs of one protocol can "
+                    "be merged" for k in SETTINGS
+                    if new[k] != base["config"][k]]
+        problems += [f"{d} ran {n} folds, another run "
+                     f"{config['folds_run'][d]}; merge needs equal folds"
+                     for d, n in new["folds_run"].items()
+                     if config["folds_run"].setdefault(d, n) != n]
         for record in report["records"]:
-            pair = (record["dataset"], record["model"])
-            if pair in seen:
-                raise SystemExit(f"{path}: {pair[0]} {pair[1]} is in more "
-                                 f"than one run; merge each pair once")
-            seen.add(pair)
-            merged["records"].append(record)
+            pairs.append((record["dataset"], record["model"]))
+            if pairs[-1] in seen:
+                problems.append(f"{pairs[-1][0]} {pairs[-1][1]} is in more "
+                                "than one run; merge each pair once")
+            seen.add(pairs[-1])
+        if problems:
+            raise SystemExit(f"{path}: {problems[0]}")
+        merged["records"] += report["records"]
         for key in ("datasets", "models"):
-            config[key] += [v for v in report["config"][key]
-                            if v not in config[key]]
+            config[key] += [v for v in new[key] if v not in config[key]]
         merged["wall_seconds"] += report.get("wall_seconds", 0.0)
     order = {m: i for i, m in enumerate(MODELS)}
     config["models"].sort(key=lambda m: order.get(m, len(order)))

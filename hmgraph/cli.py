@@ -217,6 +217,10 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--host-budget", default="20%")
     bench.add_argument("--configs", type=lambda t: t.split(","),
                        default=None, help="subset, comma separated")
+    bench.add_argument("--amortize-epochs", type=positive_int, default=10,
+                       help="epochs a configuration's construction is "
+                       "amortized over in the extra ratio column (default: "
+                       "%(default)s)")
     bench.add_argument("--out", default="bench/results")
     bench.add_argument("--quick", action="store_true",
                        help="smoke-test sizes: fanouts 5,5, batch 256, "

@@ -145,3 +145,14 @@ def test_disk_prints_and_caches_the_model(capsys, tmp_path):
     assert printed["iops"] == cached["iops"]
     assert main(["disk", str(tmp_path / "missing.bin")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_bench_amortizes_over_the_given_epochs(capsys):
+    from hmgraph.cli import _build_parser
+
+    args = _build_parser().parse_args(["bench", "--amortize-epochs", "3"])
+    assert args.amortize_epochs == 3
+    assert _build_parser().parse_args(["bench"]).amortize_epochs == 10
+    with pytest.raises(SystemExit):
+        _build_parser().parse_args(["bench", "--amortize-epochs", "0"])
+    assert "--amortize-epochs" in capsys.readouterr().err

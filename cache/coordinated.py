@@ -40,9 +40,12 @@ from hmgraph.cache.feature import Feature, check_ids, unique_sorted
 from hmgraph.cache.policies import Policy
 from hmgraph.cache.slots import SlotStore
 
-__all__ = ["CacheStats", "FeatureCache", "FrozenView", "Layer"]
+__all__ = ["MARK_BYTES", "CacheStats", "FeatureCache", "FrozenView",
+           "Layer"]
 
 _WARM_CHUNK_ROWS = 1 << 16
+#: Host bytes per node of window read planning's marks (int8).
+MARK_BYTES = 1
 
 
 @dataclass
@@ -82,6 +85,10 @@ class CacheStats:
         training device).
     seconds : float
         Wall time spent in reads.
+    metadata_bytes : dict of str to int
+        Bytes of bookkeeping (slot tables, policy state, window marks) the
+        cache allocated when built, per memory (``host``, ``device``);
+        kept by `reset`.
     """
 
     requests: int = 0
@@ -92,6 +99,7 @@ class CacheStats:
     bytes: dict = field(default_factory=lambda: {
         "storage->host": 0, "host->device": 0})
     seconds: float = 0.0
+    metadata_bytes: dict = field(default_factory=dict)
 
     def hit_rate(self, tier: str) -> float:
         """Share of requested rows served by ``tier``."""
@@ -105,8 +113,10 @@ class CacheStats:
         return self.hit_rate("source")
 
     def reset(self) -> None:
-        """Zero every counter."""
+        """Zero every counter (the metadata bytes are no counter)."""
+        metadata = self.metadata_bytes
         self.__init__()
+        self.metadata_bytes = metadata
 
     def as_dict(self) -> dict:
         """Counters and per-tier hit rates as a JSON-ready dict."""
@@ -119,6 +129,7 @@ class CacheStats:
             "evicted": dict(self.evicted),
             "bytes": dict(self.bytes),
             "seconds": self.seconds,
+            "metadata_bytes": dict(self.metadata_bytes),
         }
 
 
@@ -190,11 +201,30 @@ class FeatureCache(Feature):
             self._marked = None  # ids marked by the last window
         for layer in self.layers:
             self._warm(layer)
+        self.stats.metadata_bytes = self.metadata_nbytes()
 
     @property
     def stores(self) -> list[SlotStore]:
         """Every slot store, layer by layer."""
         return [store for layer in self.layers for store in layer.stores]
+
+    def metadata_nbytes(self) -> dict[str, int]:
+        """Bytes of bookkeeping allocated now, measured, per memory.
+
+        Every policy's state, every store's tables (all in host memory)
+        and the window's marks; what `hmgraph.cache.plan.metadata_bytes`
+        charges to the host budget for the same layout (LRU's groups
+        grow up to their charge as batches run).
+        """
+        host = sum(layer.policy.metadata_nbytes() for layer in self.layers)
+        stores = self.stores + ([self.staging] if self.staging is not None
+                                else [])
+        for store in stores:
+            for table in (store.slot_of, store.id_of, store.free):
+                host += table.untyped_storage().nbytes()
+        if self.staging is not None:
+            host += self._marks.untyped_storage().nbytes()
+        return {"host": host, "device": 0}
 
     def held_bytes(self) -> dict[str, int]:
         """Bytes of row memory held per store name."""

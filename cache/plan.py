@@ -7,17 +7,32 @@ rows, filled once) and a dynamic part (refilled online with lookahead) is
 chosen by replaying the policy on the profiled trace for several splits
 and keeping the one with the highest hit rate: the profiled hit-rate curve,
 not a constant, decides.
+
+**Metadata is charged.** Besides rows, a cache keeps bookkeeping in host
+memory: per node of the graph (each store's id -> slot table, each
+policy's flags and ranks, the window's marks) and per cached row (slot ->
+id tables, free lists, the policy's held ids). `metadata_bytes` states it
+for a layout; `make_plan` takes it out of the host budget before sizing
+the host tier and refuses, in one line, a host budget that cannot hold it.
+A host budget of 0 asks for no host tier: the bookkeeping of the device
+tier then lives in host memory outside every budget, and the plan reports
+it as ``metadata_unbudgeted_bytes``; so does a budget too small for the
+bookkeeping of a small graph (up to `METADATA_SLACK_BYTES`). The device
+holds no bookkeeping but batch reuse's id table, taken from the device
+budget.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
 
-from hmgraph.cache.coordinated import FeatureCache, Layer
+from hmgraph.cache.budget import format_bytes
+from hmgraph.cache.coordinated import MARK_BYTES, FeatureCache, Layer
 from hmgraph.cache.feature import Feature
 from hmgraph.cache.policies import POLICIES, make_policy
 from hmgraph.cache.reuse import TABLE_BYTES_PER_ROW, reuse_profile
@@ -25,11 +40,114 @@ from hmgraph.cache.slots import SlotStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CachePlan", "build_cache", "make_plan", "replay",
-           "replay_hits"]
+__all__ = ["CachePlan", "build_cache", "make_plan", "metadata_bytes",
+           "replay", "replay_hits", "store_metadata_bytes"]
 
 #: Static shares of the cache tried when choosing the hmgraph split.
 STATIC_SHARES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
+
+#: Bookkeeping a positive host budget too small for it may leave
+#: unbudgeted (small graphs: the tables of a graph of some 40,000 nodes),
+#: reported as such; more is refused.
+METADATA_SLACK_BYTES = 1 << 20
+
+#: Policies whose one layer spans the device and host stores.
+SHARED_LAYER = ("hmgraph", "degree", "presample", "layer-aware")
+
+
+def store_metadata_bytes(num_rows: int, capacity: int) -> int:
+    """Host bytes of one `SlotStore`'s tables; 0 when it has no slots.
+
+    An id -> slot table per node (int32, int64 past 2**31 slots), a
+    slot -> id table and a stack of free slots per slot (int64 each).
+    A store without slots is not built.
+    """
+    if capacity <= 0:
+        return 0
+    table = 4 if capacity < 2**31 else 8
+    return table * num_rows + 16 * capacity
+
+
+def _metadata_parts(policy, num_rows, device_rows, host_rows,
+                    staging_rows):
+    """(bytes per node, bytes for the slots) of a layout's bookkeeping."""
+    per_node = slots = 0
+    stores = [rows for rows in (device_rows, host_rows) if rows > 0]
+    if policy in SHARED_LAYER and stores:
+        layers = [sum(stores)]
+    elif policy in ("lru", "clock"):
+        layers = stores
+    else:
+        layers = []
+    cls = POLICIES[policy]
+    for capacity in layers:
+        per_node += cls.node_bytes
+        slots += cls.slot_bytes * capacity
+    for capacity in stores + ([staging_rows] if staging_rows > 0 else []):
+        per_node += store_metadata_bytes(1, capacity) - 16 * capacity
+        slots += 16 * capacity
+    if staging_rows > 0:
+        per_node += MARK_BYTES
+    return per_node, slots
+
+
+def metadata_bytes(policy: str, num_rows: int, device_rows: int,
+                   host_rows: int, staging_rows: int = 0) -> int:
+    """Host bytes of bookkeeping a cache of this layout keeps.
+
+    What `build_cache` allocates besides rows: the policies' per-node and
+    per-slot state (``node_bytes``, ``slot_bytes`` of their classes), each
+    store's tables (`store_metadata_bytes`) and, with staging, the
+    window's marks (1 byte per node). Stores without rows, and layers
+    without stores, are not built and cost nothing.
+
+    Parameters
+    ----------
+    policy : str
+        A key of `hmgraph.cache.policies.POLICIES` except ``belady``.
+    num_rows : int
+        Nodes of the graph (rows of the feature matrix).
+    device_rows, host_rows, staging_rows : int
+        Rows of the device, host and staging stores.
+
+    Returns
+    -------
+    int
+        Bytes; every one of them lives in host memory.
+    """
+    per_node, slots = _metadata_parts(policy, num_rows, device_rows,
+                                      host_rows, staging_rows)
+    return per_node * num_rows + slots
+
+
+def _fit(cost, budget: int, limit: int) -> int:
+    """The largest ``rows`` in ``[0, limit]`` with ``cost(rows) <= budget``
+    (``cost`` grows with ``rows``; 0 when nothing fits)."""
+    if budget < 0 or cost(1) > budget or limit <= 0:
+        return 0
+    low, high = 1, limit
+    while low < high:
+        middle = (low + high + 1) // 2
+        if cost(middle) <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _at_least(num_bytes: int) -> str:
+    """``num_bytes`` in decimal units to three digits, rounded up (both
+    a budget to give and the bookkeeping it must hold)."""
+    for power, unit in enumerate(("B", "KB", "MB", "GB", "TB")):
+        scale = 1000 ** power
+        if num_bytes < 1000 * scale or unit == "TB":
+            if unit == "B":
+                return f"{num_bytes} B"
+            value = num_bytes / scale
+            decimals = 2 if value < 10 else 1 if value < 100 else 0
+            step = 10 ** decimals
+            return f"{math.ceil(value * step) / step:.{decimals}f} {unit}"
+    raise AssertionError("unreachable")
 
 
 @dataclass
@@ -60,6 +178,10 @@ class CachePlan:
         Host rows set aside for window read planning (rows the next
         batches need, brought along by this batch's block reads), taken
         from the host budget; 0 when off.
+    host_metadata_charged : bool
+        Whether the bookkeeping (`metadata_bytes`, host memory) came out
+        of the host budget; False when the host budget was 0 or, for a
+        small graph, too small for it.
     """
 
     policy: str
@@ -74,6 +196,20 @@ class CachePlan:
     reuse_rows: int = 0
     reuse_rate: float = 0.0
     staging_rows: int = 0
+    host_metadata_charged: bool = True
+
+    def metadata_bytes(self) -> dict[str, int]:
+        """Bytes of bookkeeping per tier's memory.
+
+        ``host``: the cache's tables and policy state (`metadata_bytes`);
+        ``device``: batch reuse's id table.
+        """
+        table = self.num_rows * TABLE_BYTES_PER_ROW if self.reuse_levels \
+            else 0
+        return {"device": table,
+                "host": metadata_bytes(self.policy, self.num_rows,
+                                       self.device_rows, self.host_rows,
+                                       self.staging_rows)}
 
     @property
     def device_static_rows(self) -> int:
@@ -102,6 +238,12 @@ class CachePlan:
             host_static_rows=self.host_static_rows,
             host_dynamic_rows=self.host_rows - self.host_static_rows,
         )
+        metadata = self.metadata_bytes()
+        record.update(
+            metadata_bytes=metadata,
+            metadata_unbudgeted_bytes=0 if self.host_metadata_charged
+            else metadata["host"],
+        )
         return record
 
     def describe(self) -> str:
@@ -116,6 +258,11 @@ class CachePlan:
                      f", window {self.window}")
         if self.staging_rows:
             text += f"; staging {self.staging_rows} host rows"
+        host = self.metadata_bytes()["host"]
+        if host:
+            text += (f"; metadata {format_bytes(host)} of host memory"
+                     + ("" if self.host_metadata_charged
+                        else " (no host budget: not charged)"))
         if self.reuse_levels:
             text += (f"; reuse {self.reuse_levels} level(s) of "
                      f"{self.reuse_rows} device rows (profiled reuse "
@@ -145,11 +292,12 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
     window : int
         Lookahead batches (``hmgraph``).
     reuse_levels : int
-        Batch reuse levels (0, 1, 2). Their id table (8 bytes per node)
-        and buffers come out of the device budget first, the buffers sized
-        from the profiled trace (the largest batch, and for two levels the
-        largest set of rows the next batch did not share); the cache's
-        device tier gets what is left.
+        Batch reuse levels (0, 1, 2). Their id tables
+        (`hmgraph.cache.reuse.TABLE_BYTES_PER_ROW` per node) and buffers
+        come out of the device budget first, the buffers sized from the
+        profiled trace (`hmgraph.cache.reuse.reuse_profile`: the most rows
+        the levels hold at once); the cache's device tier gets what is
+        left.
     staging : float
         Share of the host budget for window read planning, in [0, 1)
         (see `hmgraph.cache.coordinated`); the host tier gets the rest.
@@ -157,6 +305,25 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
     Returns
     -------
     CachePlan
+
+    Raises
+    ------
+    ValueError
+        In one line, for a host budget that cannot hold the cache's
+        bookkeeping (`metadata_bytes`), naming the least that does.
+
+    Notes
+    -----
+    The host budget pays first for the bookkeeping of the device tier's
+    layout (host memory), then for staging (its share of what is left,
+    its tables included), then for host rows, each costing its row bytes
+    and its slot's bookkeeping. A host budget of 0 holds no rows and
+    charges nothing: the device tier's bookkeeping is then reported as
+    unbudgeted (`CachePlan.host_metadata_charged` is False). A positive
+    budget below the bookkeeping plus one host row is refused, unless the
+    bookkeeping is at most `METADATA_SLACK_BYTES` (a small graph): then
+    the host tier holds no rows, and what the budget cannot pay is
+    reported as unbudgeted.
     """
     if policy not in POLICIES or policy == "belady":
         names = ", ".join(n for n in POLICIES if n != "belady")
@@ -187,15 +354,14 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
     if not 0.0 <= staging < 1.0:
         raise ValueError(f"staging must be a share of the host budget in "
                          f"[0, 1), got {staging}")
-    device_rows = min(num_rows, device_rows)
-    host_rows = host_budget_bytes // row_bytes
-    staging_rows = min(num_rows, int(host_rows * staging))
-    host_rows = min(num_rows - device_rows, host_rows - staging_rows)
-    if policy == "none":
-        device_rows = host_rows = 0
+    device_rows = 0 if policy == "none" else min(num_rows, device_rows)
+    host_rows, staging_rows, charged = _host_rows(
+        policy, num_rows, row_bytes, device_rows, host_budget_bytes,
+        staging)
     plan = CachePlan(policy, num_rows, row_bytes, device_rows, host_rows,
                      reuse_levels=reuse_levels, reuse_rows=reuse_rows,
-                     reuse_rate=reuse_rate, staging_rows=staging_rows)
+                     reuse_rate=reuse_rate, staging_rows=staging_rows,
+                     host_metadata_charged=charged)
     if policy == "hmgraph":
         if counts is None:
             raise ValueError("the hmgraph plan needs profiled counts")
@@ -204,6 +370,52 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
             num_rows, device_rows + host_rows, counts, list(trace), window)
     log.info("%s", plan.describe())
     return plan
+
+
+def _host_rows(policy, num_rows, row_bytes, device_rows, budget, staging):
+    """Host and staging rows that fit ``budget`` with their bookkeeping,
+    and whether the bookkeeping was charged."""
+    fixed = metadata_bytes(policy, num_rows, device_rows, 0)
+    if budget <= 0:
+        return 0, 0, fixed == 0
+    limit = 0 if policy == "none" else num_rows - device_rows
+    # Room for the bookkeeping with a host tier, and one row in it.
+    need = metadata_bytes(policy, num_rows, device_rows, 1) + row_bytes \
+        if limit else fixed
+    if budget < need:
+        per_node, _ = _metadata_parts(policy, num_rows, device_rows,
+                                      1 if limit else 0, 0)
+        _, slots = _metadata_parts(policy, num_rows, device_rows, 0, 0)
+        metadata = per_node * num_rows + slots
+        if metadata > METADATA_SLACK_BYTES:
+            detail = f"{per_node} B per node x {num_rows:,} nodes"
+            if slots:
+                detail += (f" + {format_bytes(slots)} for "
+                           f"{device_rows:,} device rows")
+            raise ValueError(
+                f"host budget {format_bytes(budget)} cannot hold the "
+                f"cache's metadata of {_at_least(metadata)} ({detail}); "
+                f"give at least {_at_least(need)}")
+        log.warning("host budget %s holds no host row besides the cache's "
+                    "metadata of %s", format_bytes(budget),
+                    format_bytes(metadata))
+        return 0, 0, budget >= fixed
+    free = budget - fixed
+
+    def staged(rows):
+        return metadata_bytes(policy, num_rows, device_rows, 0, rows) \
+            - fixed + rows * row_bytes
+
+    staging_rows = _fit(staged, int(free * staging), num_rows) \
+        if staging > 0 else 0
+    free -= staged(staging_rows)
+    base = metadata_bytes(policy, num_rows, device_rows, 0, staging_rows)
+
+    def held(rows):
+        return metadata_bytes(policy, num_rows, device_rows, rows,
+                              staging_rows) - base + rows * row_bytes
+
+    return _fit(held, free, limit), staging_rows, True
 
 
 def _choose_static(num_rows, capacity, counts, trace, window):
@@ -300,30 +512,31 @@ def build_cache(source: Feature, plan: CachePlan, device="cpu", *,
     """
     device = torch.device(device)
     n, shape, dtype = source.num_rows, source.row_shape, source.dtype
-    device_store = SlotStore("device", n, shape, dtype, plan.device_rows,
-                             device)
-    host_store = SlotStore("host", n, shape, dtype, plan.host_rows, "cpu",
-                           pin=device.type == "cuda")
+    # Stores without rows are not built: their tables cost 4 B per node.
+    stores = []
+    if plan.device_rows and plan.policy != "none":
+        stores.append(SlotStore("device", n, shape, dtype, plan.device_rows,
+                                device))
+    if plan.host_rows and plan.policy != "none":
+        stores.append(SlotStore("host", n, shape, dtype, plan.host_rows,
+                                "cpu", pin=device.type == "cuda"))
     context = {"degrees": degrees, "hotness": counts,
                "hop_counts": hop_counts}
     both = plan.device_rows + plan.host_rows
-    if plan.policy == "none":
+    if not stores:
         layers = []
     elif plan.policy == "hmgraph":
         policy = make_policy("hmgraph", n, both, hotness=counts,
                              static_rows=plan.static_rows,
                              window=plan.window)
-        layers = [Layer(policy, [device_store, host_store])]
-    elif plan.policy in ("degree", "presample", "layer-aware"):
+        layers = [Layer(policy, stores)]
+    elif plan.policy in SHARED_LAYER:
         # Static contents: the top rows, the very top on the device.
         policy = make_policy(plan.policy, n, both, **context)
-        layers = [Layer(policy, [device_store, host_store])]
+        layers = [Layer(policy, stores)]
     else:
-        layers = [
-            Layer(make_policy(plan.policy, n, plan.device_rows, **context),
-                  [device_store]),
-            Layer(make_policy(plan.policy, n, plan.host_rows, **context),
-                  [host_store]),
-        ]
+        layers = [Layer(make_policy(plan.policy, n, store.capacity,
+                                    **context), [store])
+                  for store in stores]
     return FeatureCache(source, layers, device=device,
                         staging_rows=plan.staging_rows)

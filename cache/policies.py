@@ -8,7 +8,14 @@ resident ids to evict and which missed ids to admit. The data layer
 (`hmgraph.cache.coordinated`) applies steps to real memory; the analysis
 replays the same steps on a recorded trace, so both count the same hits.
 
-Every step is vectorised over ids (torch ops, no Python loop over ids).
+Every step is vectorised over ids (torch ops, no Python loop over ids),
+and costs in proportion to the batch and the capacity, never the graph.
+
+**Metadata.** A policy keeps host-memory bookkeeping: per node of the
+graph (``resident``, and what the policy ranks by) and per slot of its
+capacity. Each class states both as ``node_bytes`` and ``slot_bytes``;
+`hmgraph.cache.plan` charges them to the host budget before sizing the
+tiers, and `Policy.metadata_nbytes` measures what is really allocated.
 
 Policies, by registry name:
 
@@ -89,6 +96,10 @@ class Policy(ABC):
     name = "policy"
     #: Whether `step` uses the ids of the batches ahead.
     looks_ahead = False
+    #: Host bytes of bookkeeping per node of the graph (``resident``).
+    node_bytes = 1
+    #: Host bytes of bookkeeping per row of capacity.
+    slot_bytes = 0
 
     def __init__(self, num_rows: int, capacity: int):
         if not 0 <= capacity <= num_rows:
@@ -105,10 +116,33 @@ class Policy(ABC):
         """Rows held now (counted as steps apply, not by a scan)."""
         return self._size
 
+    @classmethod
+    def metadata_bytes(cls, num_rows: int, capacity: int) -> int:
+        """Host bytes of bookkeeping a policy of this class keeps.
+
+        ``node_bytes`` per node plus ``slot_bytes`` per row of capacity;
+        what `hmgraph.cache.plan.make_plan` charges to the host budget.
+        """
+        return cls.node_bytes * num_rows + cls.slot_bytes * capacity
+
+    def metadata_nbytes(self) -> int:
+        """Host bytes of bookkeeping allocated now, measured.
+
+        Every tensor the policy holds, counted by its storage (a view
+        keeps its whole storage alive), each storage once.
+        """
+        return _storage_bytes(self._tensors())
+
+    def _tensors(self):
+        """The tensors this policy keeps between steps."""
+        return [v for v in vars(self).values()
+                if isinstance(v, torch.Tensor)]
+
     def _hold(self, ids: torch.Tensor) -> None:
-        """Mark ``ids`` (not yet held) resident, e.g. when warming."""
+        """Mark unique ``ids`` resident, e.g. when warming (counted, not
+        scanned: warming twice holds the same rows)."""
+        self._size += int((~self.resident[ids]).sum())
         self.resident[ids] = True
-        self._size = int(self.resident.sum())
 
     def warm(self) -> torch.Tensor:
         """Ids to load before the first batch, most valuable first."""
@@ -144,9 +178,17 @@ class NoCachePolicy(Policy):
     """No cache: every row comes from the tier below."""
 
     name = "none"
+    node_bytes = 0
 
     def __init__(self, num_rows: int, capacity: int = 0, **_):
         super().__init__(num_rows, 0)
+        self.resident = torch.zeros(0, dtype=torch.bool)
+
+    def step(self, ids: torch.Tensor,
+             future: Sequence[torch.Tensor] = ()) -> Step:
+        """Every id misses; nothing is kept per node."""
+        return Step(torch.zeros(ids.numel(), dtype=torch.bool), _EMPTY,
+                    _EMPTY)
 
     def _step(self, ids, hit, future) -> Step:
         return Step(hit, _EMPTY, _EMPTY)
@@ -154,6 +196,8 @@ class NoCachePolicy(Policy):
 
 class _StaticPolicy(Policy):
     """Holds the ``capacity`` rows of highest score, never changes."""
+
+    slot_bytes = 8  # the held ids
 
     def __init__(self, num_rows: int, capacity: int, score: torch.Tensor):
         super().__init__(num_rows, capacity)
@@ -163,7 +207,8 @@ class _StaticPolicy(Policy):
                 f"for {num_rows} rows"
             )
         order = torch.argsort(score.double(), descending=True, stable=True)
-        self._contents = order[:capacity]
+        # A copy: a view would keep the whole order (8 B per node) alive.
+        self._contents = order[:capacity].clone()
 
     def warm(self) -> torch.Tensor:
         """The held rows, highest score first."""
@@ -243,6 +288,10 @@ class LRUPolicy(Policy):
     """
 
     name = "lru"
+    node_bytes = 9  # resident, last_use
+    #: Group entries are compacted past twice the capacity (plus a
+    #: batch, which is working set).
+    slot_bytes = 8 * 2
 
     def __init__(self, num_rows, capacity, **_):
         super().__init__(num_rows, capacity)
@@ -260,7 +309,7 @@ class LRUPolicy(Policy):
         overflow = self.size + admit.numel() - self.capacity
         evict = self._oldest(overflow) if overflow > 0 else _EMPTY
         self._group(admit)  # held from now on
-        if self._grouped > 4 * self.capacity + ids.numel():
+        if self._grouped > 2 * self.capacity + ids.numel():
             self._compact()
         return Step(hit, evict, admit)
 
@@ -268,6 +317,9 @@ class LRUPolicy(Policy):
         if ids.numel():
             self._groups.append((self.clock, ids))
             self._grouped += ids.numel()
+
+    def _tensors(self):
+        return super()._tensors() + [ids for _, ids in self._groups]
 
     def _alive(self, clock: int, ids: torch.Tensor) -> torch.Tensor:
         """Those of ``ids`` still held and last used at ``clock``."""
@@ -306,6 +358,8 @@ class ClockPolicy(Policy):
     """
 
     name = "clock"
+    node_bytes = 1 + 8  # resident, slot_of
+    slot_bytes = 8 + 1  # slots, referenced
 
     def __init__(self, num_rows, capacity, **_):
         super().__init__(num_rows, capacity)
@@ -370,6 +424,9 @@ class HMGraphPolicy(Policy):
 
     name = "hmgraph"
     looks_ahead = True
+    # resident, static, cold_rank (int32), next_use
+    node_bytes = 1 + 1 + 4 + 8
+    slot_bytes = 8  # the dynamic region's ids, the static ids
 
     def __init__(self, num_rows, capacity, *, hotness=None, static_rows=0,
                  window=4, **_):
@@ -386,10 +443,11 @@ class HMGraphPolicy(Policy):
         order = torch.argsort(hotness, descending=True, stable=True)
         self.static = torch.zeros(num_rows, dtype=torch.bool)
         self.static[order[:static_rows]] = True
-        self._static_order = order[:static_rows]
+        self._static_order = order[:static_rows].clone()
         # Rank by hotness beyond the window: 0 for the hottest row.
-        self.cold_rank = torch.empty(num_rows, dtype=torch.int64)
-        self.cold_rank[order] = torch.arange(num_rows)
+        rank_dtype = torch.int32 if num_rows < 2**31 else torch.int64
+        self.cold_rank = torch.empty(num_rows, dtype=rank_dtype)
+        self.cold_rank[order] = torch.arange(num_rows, dtype=rank_dtype)
         self.next_use = torch.full((num_rows,), _NEVER, dtype=torch.int64)
         self._held = _EMPTY  # ids in the dynamic region
 
@@ -401,7 +459,7 @@ class HMGraphPolicy(Policy):
     def _keys(self, ids: torch.Tensor) -> torch.Tensor:
         """Smaller is sooner: next use in the window, then hotness."""
         near = self.next_use[ids]
-        beyond = self.window + 1 + self.cold_rank[ids]
+        beyond = self.window + 1 + self.cold_rank[ids].long()
         return torch.where(near == _NEVER, beyond, near)
 
     def _step(self, ids, hit, future) -> Step:
@@ -483,6 +541,17 @@ class BeladyPolicy(HMGraphPolicy):
 
     def _keys(self, ids: torch.Tensor) -> torch.Tensor:
         return self.next_use[ids]
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors``."""
+    seen, total = set(), 0
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in seen or storage.nbytes() == 0:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total
 
 
 def next_use_trace(trace: Sequence[torch.Tensor]) -> list[torch.Tensor]:

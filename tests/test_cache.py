@@ -22,7 +22,12 @@ from hmgraph.cache.budget import check_available, parse_budget
 from hmgraph.cache.coordinated import CacheStats, FeatureCache
 from hmgraph.cache.feature import TensorFeature, check_ids
 from hmgraph.cache.format import write_feature_file
-from hmgraph.cache.plan import build_cache, make_plan, replay
+from hmgraph.cache.plan import (
+    build_cache,
+    make_plan,
+    metadata_bytes,
+    replay,
+)
 from hmgraph.cache.policies import (
     POLICIES,
     BeladyPolicy,
@@ -60,13 +65,18 @@ def make_cache(policy: str, budget, source, staging=0.0) -> FeatureCache:
     for ids in trace:
         counts[ids] += 1
     row_bytes = source.row_bytes
+    host = budget[1] * row_bytes
+    if host:  # the host budget pays for the cache's bookkeeping too
+        host += metadata_bytes(policy, NUM_ROWS, budget[0], budget[1])
     plan = make_plan(policy, NUM_ROWS, row_bytes, budget[0] * row_bytes,
-                     budget[1] * row_bytes, counts=counts, trace=trace,
-                     window=2, staging=staging)
+                     host, counts=counts, trace=trace, window=2,
+                     staging=staging)
     degrees = torch.arange(NUM_ROWS).flip(0)
     hop_counts = torch.stack([counts, counts // 2])
-    return build_cache(source, plan, counts=counts, degrees=degrees,
-                       hop_counts=hop_counts)
+    cache = build_cache(source, plan, counts=counts, degrees=degrees,
+                        hop_counts=hop_counts)
+    cache.test_plan, cache.test_host_budget = plan, host
+    return cache
 
 
 @pytest.fixture(scope="module")
@@ -135,10 +145,19 @@ def test_contract_every_policy(rows, feature_path, source_kind, policy,
         assert cache.stats.rows_requested == sum(len(set(b))
                                                  for b in batches)
         assert store_ids_are_consistent(cache)
-        # No tier ever holds more than its budget; staging is host memory.
+        # No tier ever holds more than its budget; staging is host memory,
+        # and so is the bookkeeping, charged to the host budget.
         held = tier_bytes(cache)
+        metadata = cache.metadata_nbytes()["host"]
+        charged = cache.test_plan.metadata_bytes()["host"]
+        assert metadata <= charged
         assert held["device"] <= budget[0] * cache.row_bytes, held
-        assert held["host"] <= budget[1] * cache.row_bytes, held
+        if budget[1]:
+            assert held["host"] + charged <= cache.test_host_budget, held
+        else:  # no host budget: no host rows, the bookkeeping unbudgeted
+            assert held["host"] == 0
+            assert cache.test_plan.as_dict()[
+                "metadata_unbudgeted_bytes"] == charged
         if cache.staging is not None:
             # Nothing outlives the window (the last batch has no future).
             assert cache.staging.size == 0
@@ -267,7 +286,11 @@ def test_hmgraph_plan_is_chosen_from_the_profile(rows):
     counts = torch.zeros(NUM_ROWS, dtype=torch.int64)
     for ids in trace:
         counts[ids] += 1
-    plan = make_plan("hmgraph", NUM_ROWS, 28, 20 * 28, 60 * 28,
+    # hmgraph's bookkeeping: per node 14 B of policy state and a 4 B
+    # id -> slot table per store; per row 8 B of held ids, 16 B of slot
+    # tables.
+    metadata = NUM_ROWS * (14 + 4 + 4) + (20 + 60) * (8 + 16)
+    plan = make_plan("hmgraph", NUM_ROWS, 28, 20 * 28, 60 * 28 + metadata,
                      counts=counts, trace=trace, window=2)
     assert len(plan.curve) > 2
     best = max(point["hit_rate"] for point in plan.curve)
@@ -459,7 +482,127 @@ def test_window_planning_reads_a_block_once_per_window(rows, feature_path):
 
 def test_staging_is_charged_to_the_host_budget():
     plan = make_plan("lru", 1000, 100, 0, 40_000, staging=0.25)
-    assert (plan.host_rows, plan.staging_rows) == (300, 100)
-    assert plan.as_dict()["staging_bytes"] == 10_000
+    # Staging gets a quarter of the budget: per node 1 B of window marks
+    # and its store's 4 B id -> slot table, per row 100 B and 16 B of
+    # slot tables. The host tier gets the rest: per node LRU's 9 B and
+    # its store's 4 B, per row 100 B, 16 B of slot tables, 16 B of LRU
+    # groups.
+    staging_rows = (10_000 - 1000 * (1 + 4)) // (100 + 16)
+    spent = 1000 * (1 + 4) + staging_rows * (100 + 16)
+    host_rows = (40_000 - spent - 1000 * (9 + 4)) // (100 + 16 + 16)
+    assert (plan.host_rows, plan.staging_rows) == (host_rows, staging_rows)
+    assert (host_rows, staging_rows) == (128, 43)
+    assert plan.as_dict()["staging_bytes"] == staging_rows * 100
     with pytest.raises(ValueError, match=r"staging must be .* got 1.0"):
         make_plan("lru", 1000, 100, 0, 40_000, staging=1.0)
+
+
+# Bookkeeping (metadata) is charged to the host budget it lives in.
+
+#: Per policy: host bytes per node (policy state, then a 4 B id -> slot
+#: table per store) and per cached row (policy state, then 16 B of slot
+#: tables), as the classes allocate them, written out independently.
+METADATA = {
+    # (policy bytes per node, per row; layers: one over both stores or
+    # one per store)
+    "degree": (1, 8, "one"),        # resident; held ids
+    "presample": (1, 8, "one"),
+    "layer-aware": (1, 8, "one"),
+    "hmgraph": (1 + 1 + 4 + 8, 8, "one"),  # resident, static, rank, next
+    "lru": (1 + 8, 16, "each"),     # resident, last use; 2x groups
+    "clock": (1 + 8, 8 + 1, "each"),  # resident, slot of; slots, bits
+}
+
+
+@pytest.mark.parametrize("policy", list(METADATA))
+def test_metadata_is_counted_against_the_host_budget(rows, feature_path,
+                                                      policy):
+    """Host rows = what the budget holds after the bookkeeping, computed
+    here from the table above; the cache allocates no more than the plan
+    charged, and its rows stay those of the file."""
+    node, slot, layers = METADATA[policy]
+    row_bytes, device_rows, budget = 28, 20, 20_000
+    stores = 2  # device and host
+    per_node = node * (1 if layers == "one" else stores) + 4 * stores
+    per_row = slot + 16
+    trace = profile_trace()
+    counts = torch.zeros(NUM_ROWS, dtype=torch.int64)
+    for ids in trace:
+        counts[ids] += 1
+    plan = make_plan(policy, NUM_ROWS, row_bytes, device_rows * row_bytes,
+                     budget, counts=counts, trace=trace, window=2)
+    expected_host = (budget - NUM_ROWS * per_node - device_rows * per_row) \
+        // (row_bytes + per_row)
+    assert 0 < expected_host < NUM_ROWS - device_rows
+    assert (plan.device_rows, plan.host_rows) == (device_rows, expected_host)
+    metadata = NUM_ROWS * per_node + per_row * (device_rows + expected_host)
+    record = plan.as_dict()
+    assert record["metadata_bytes"] == {"device": 0, "host": metadata}
+    assert record["metadata_unbudgeted_bytes"] == 0
+    assert record["host_bytes"] + metadata <= budget
+    # Rows that fit = (budget - metadata) // row_bytes, give or take the
+    # last row's slot bookkeeping.
+    assert expected_host <= (budget - metadata) // row_bytes \
+        <= expected_host + 1
+    assert "metadata" in plan.describe()
+    source = StorageFeature(feature_path, num_threads=2)
+    with build_cache(source, plan, counts=counts,
+                     degrees=torch.arange(NUM_ROWS).flip(0),
+                     hop_counts=torch.stack([counts, counts])) as cache:
+        for index, ids in enumerate(trace):
+            check_feature_contract(cache, rows, ids,
+                                   future=trace[index + 1:index + 3])
+        measured = cache.metadata_nbytes()["host"]
+        assert cache.stats.as_dict()["metadata_bytes"]["host"] <= measured
+        if policy in ("lru", "hmgraph"):  # held ids / groups grow in use
+            assert measured <= metadata + 16 * max(t.numel() for t in trace)
+        else:
+            assert measured == metadata
+        cache.stats.reset()
+        assert cache.stats.metadata_bytes["host"] > 0
+
+
+def test_host_budget_below_the_metadata_is_refused_in_one_line():
+    num_rows = 100_000
+    counts = torch.zeros(num_rows)
+    # hmgraph with a host tier only: 14 B of policy state and the host
+    # store's 4 B table per node; the least budget adds one row and its
+    # 8 + 16 B of slot bookkeeping.
+    with pytest.raises(ValueError) as info:
+        make_plan("hmgraph", num_rows, 400, 0, 1_000_000, counts=counts)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message == (
+        "host budget 1.0 MB cannot hold the cache's metadata of 1.80 MB "
+        "(18 B per node x 100,000 nodes); give at least 1.81 MB")
+    least = 18 * num_rows + 8 + 16 + 400
+    assert least <= parse_budget("1.81MB")
+    plan = make_plan("hmgraph", num_rows, 400, 0, least, counts=counts)
+    assert plan.host_rows == 1
+    assert plan.as_dict()["metadata_bytes"]["host"] == least - 400
+    with pytest.raises(ValueError, match="host budget"):
+        make_plan("hmgraph", num_rows, 400, 0, least - 1, counts=counts)
+    # LRU over both tiers: two layers of 9 + 4 B per node; the device
+    # rows' slot bookkeeping (16 + 16 B) lives in host memory too.
+    with pytest.raises(ValueError, match=(
+            r"^host budget 1\.0 MB cannot hold the cache's metadata of "
+            r"2\.68 MB \(26 B per node x 100,000 nodes \+ 80\.0 KB for "
+            r"2,500 device rows\); give at least 2\.69 MB$")):
+        make_plan("lru", num_rows, 400, 2500 * 400, 1_000_000)
+
+
+def test_metadata_without_a_host_budget_is_reported_unbudgeted():
+    plan = make_plan("clock", 1000, 100, 50 * 100, 0)
+    assert (plan.device_rows, plan.host_rows) == (50, 0)
+    metadata = 1000 * (9 + 4) + 50 * (9 + 16)
+    assert plan.as_dict()["metadata_bytes"]["host"] == metadata
+    assert plan.as_dict()["metadata_unbudgeted_bytes"] == metadata
+    assert "not charged" in plan.describe()
+    # A small graph's bookkeeping past a tiny budget: no host rows, no
+    # refusal, reported.
+    plan = make_plan("lru", 1000, 100, 50 * 100, 3000)
+    assert plan.host_rows == 0
+    assert plan.as_dict()["metadata_unbudgeted_bytes"] == \
+        1000 * (9 + 4) + 50 * (16 + 16)
+    none = make_plan("none", 1000, 100, 10**6, 10**6)
+    assert none.as_dict()["metadata_bytes"] == {"device": 0, "host": 0}

@@ -1,0 +1,201 @@
+"""The README's troubleshooting catalogue says what hmgraph really prints.
+
+Each row of the table names a case, the bad input and the one-line
+message. The rows that can be reproduced cheaply in this process are, and
+their message must read exactly as in the README; the others are listed
+here with the reason, so a new row cannot go unchecked unnoticed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import dgl
+import pytest
+import torch
+
+import hmgraph
+from hmgraph.cache.feature import TensorFeature, check_ids
+from hmgraph.cache.format import read_manifest, verify_feature_file
+from hmgraph.cache.plan import make_plan
+from hmgraph.cli import main
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+SECTION = "## Troubleshooting: bad inputs and their messages"
+#: Where the catalogue was made; the test's own folder stands in for it.
+MADE_IN = "/tmp/rc"
+ROW = re.compile(r"^\| `([^`]+)` \| (.*) \| (.*) \|$")
+
+#: Rows not reproduced here, and why.
+NOT_REPRODUCED = {
+    "out-unwritable": "the errno depends on the user's rights",
+    "budget-over-memory": "its numbers are the machine's free memory",
+    "renumbered-file-corrupt": "needs METIS clusters and a renumbering",
+    "resume-fewer-epochs": "needs a training run (tests/test_train.py)",
+    "empty-split": "no message (an epoch of no batches)",
+    "launcher-killed": "no message (tests/test_distributed.py)",
+}
+
+
+def catalogue() -> dict[str, str]:
+    """Case -> message (without backticks) of the README's table."""
+    text = README.read_text()
+    assert SECTION in text, "the troubleshooting section is gone"
+    section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        found = ROW.match(line)
+        if found:
+            case, _, message = found.groups()
+            rows[case] = message.strip().strip("`")
+    return rows
+
+
+def cli(*args: str) -> str:
+    """stderr of ``hmgraph train`` on synth-tiny under ``root``, run here."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main(["train", "--dataset", "synth-tiny", "--root",
+                         "root", "--epochs", "1", "--no-progress", *args])
+        except SystemExit as exit_:
+            code = exit_.code
+    lines = err.getvalue().strip().splitlines()
+    assert code == 2 and len(lines) == 1, err.getvalue()
+    return lines[0]
+
+
+def raised(call) -> str:
+    """The one-line message ``call`` raises."""
+    with pytest.raises((ValueError, TypeError)) as info:
+        call()
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def graph():
+    g = dgl.rand_graph(100, 500)
+    g.ndata["feat"] = torch.randn(100, 8)
+    return g
+
+
+def loader(*args, **kwargs):
+    return lambda: hmgraph.DataLoader(graph(), *args, **kwargs)
+
+
+SAMPLER = dgl.dataloading.NeighborSampler([2])
+IDS = torch.arange(10)
+
+
+def feature_file(tiny, damage=None) -> Path:
+    """synth-tiny's feature file copied to ``root/``, damaged."""
+    path = Path("root/synth_tiny/hmgraph/node-feat.bin")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tiny.feature_path, path)
+    if damage is not None:
+        with open(path, "r+b") as file:
+            damage(file)
+    return path
+
+
+def cut(file):
+    file.truncate(8192)
+
+
+def overwrite(file):
+    from hmgraph.cache.format import DATA_OFFSET
+
+    file.seek(DATA_OFFSET + 10)
+    file.write(bytes([0, 1, 2, 3]))
+
+
+def file_error(check, tiny, damage) -> str:
+    path = feature_file(tiny, damage)
+    if damage is None:
+        path.unlink()
+    return f"hmgraph train: error: {raised(lambda: check(path))}"
+
+
+REPRODUCE = {
+    "root-missing": lambda _: cli("--root", "/nonexistent/root"),
+    "root-file": lambda _: cli("--root", "afile"),
+    "out-file": lambda _: cli("--out", "afile"),
+    "out-under-file": lambda _: cli("--out", "afile/sub"),
+    "device-bogus": lambda _: cli("--device", "bogus"),
+    "lr-negative": lambda _: cli("--lr", "-1"),
+    "weight-decay-negative": lambda _: cli("--weight-decay", "-2"),
+    "batch-size-fraction": lambda _: cli("--batch-size", "2.5"),
+    "fanouts-zero": lambda _: cli("--fanouts", "0"),
+    "layers-mismatch": lambda _: cli("--fanouts", "5,5", "--layers", "3"),
+    "dataset-unknown": lambda _: cli("--dataset", "ogbn-nope"),
+    "cache-unknown": lambda _: cli("--cache", "fifo"),
+    "budget-unparsable": lambda _: cli("--host-budget", "lots"),
+    "budget-over-100": lambda _: cli("--device-budget", "150%"),
+    "budget-below-metadata": lambda _: raised(lambda: make_plan(
+        "hmgraph", 100_000, 400, 0, 1_000_000,
+        counts=torch.zeros(100_000))),
+    "budget-below-metadata-device-rows": lambda _: raised(
+        lambda: make_plan("lru", 100_000, 400, 2500 * 400, 1_000_000)),
+    "feature-file-missing": lambda tiny: file_error(read_manifest, tiny,
+                                                    None),
+    "feature-file-truncated": lambda tiny: file_error(read_manifest, tiny,
+                                                      cut),
+    "feature-file-corrupt": lambda tiny: file_error(verify_feature_file,
+                                                    tiny, overwrite),
+    "features-missing-path": lambda _: raised(
+        loader(IDS, SAMPLER, features="nope.bin")),
+    "features-wrong-rows": lambda _: raised(
+        loader(IDS, SAMPLER, features=torch.randn(99, 8))),
+    "features-wrong-shape": lambda _: raised(
+        loader(IDS, SAMPLER, features=torch.randn(100))),
+    "batch-size-float": lambda _: raised(
+        loader(IDS, SAMPLER, batch_size=2.5)),
+    "indices-2d": lambda _: raised(
+        loader(torch.arange(10).view(2, 5), SAMPLER)),
+    "indices-float": lambda _: raised(loader(torch.rand(10), SAMPLER)),
+    "indices-out-of-range": lambda _: raised(
+        loader(torch.tensor([1, 100]), SAMPLER)),
+    "ids-2d": lambda _: raised(lambda: TensorFeature(
+        torch.randn(100, 8)).read(torch.zeros(2, 2, dtype=torch.int64))),
+    "ids-out-of-range": lambda _: raised(
+        lambda: check_ids(torch.tensor([3, 700, 912, 5]), 600)),
+    "ids-float": lambda _: raised(
+        lambda: check_ids(torch.tensor([1.0]), 600)),
+    "cache-unknown-python": lambda _: raised(
+        loader(IDS, SAMPLER, cache="fifo")),
+    "staging-share": lambda _: raised(
+        lambda: make_plan("lru", 1000, 100, 0, 40_000, staging=1.0)),
+}
+
+
+def test_every_row_is_reproduced_or_excused():
+    rows = set(catalogue())
+    assert rows == set(REPRODUCE) | set(NOT_REPRODUCED), (
+        "README rows and this test disagree: "
+        f"{sorted(rows ^ (set(REPRODUCE) | set(NOT_REPRODUCED)))}")
+    assert not set(REPRODUCE) & set(NOT_REPRODUCED)
+
+
+@pytest.fixture()
+def workdir(tmp_path, monkeypatch):
+    """The catalogue's folder: ``root/`` and a plain file ``afile``."""
+    (tmp_path / "root").mkdir()
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("case", sorted(REPRODUCE))
+def test_readme_message_is_what_hmgraph_says(case, workdir, request):
+    expected = catalogue()[case].replace(MADE_IN, str(workdir))
+    tiny = request.getfixturevalue("tiny") \
+        if case.startswith("feature-file") else None
+    assert REPRODUCE[case](tiny) == expected
+    assert os.listdir(workdir / "root") in ([], ["synth_tiny"])

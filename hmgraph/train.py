@@ -208,7 +208,11 @@ def train(config: TrainConfig, dataset=None) -> dict:
         add_gcn_degrees(dataset.graph)
     log.info("%s", dataset)
     loader, memory = make_loader(config, dataset, sampler, device, profile)
-    out.mkdir(parents=True, exist_ok=True)  # once every setting fitted
+    try:  # once every setting fitted
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OSError(err.errno, f"--out {out}: cannot make the folder: "
+                      f"{err.strerror}") from None
     eval_mode = resolve_eval(config, dataset, loader)
     log.info("evaluation: %s", eval_mode)
     metric = dataset.evaluator.eval_metric

@@ -262,7 +262,7 @@ class GAT(_BlockModel):
         return h.flatten(1)
 
 
-class MLP(_BlockModel):
+class MLP(_ConvStack):
     """Multi-layer perceptron that ignores the graph's edges.
 
     It takes blocks like the GNNs, so any sampler works (for example
@@ -276,23 +276,7 @@ class MLP(_BlockModel):
     without any source nodes when the fanout is 0; pass ``fused=False``.
     """
 
-    def __init__(
-        self,
-        in_feats,
-        hidden_feats,
-        num_classes,
-        num_layers=3,
-        dropout=0.5,
-        num_heads=4,
-        input_dropout=0.0,
-        attn_dropout=0.0,
-    ):
-        super().__init__(
-            in_feats, hidden_feats, num_classes, num_layers, dropout,
-            num_heads, input_dropout, attn_dropout,
-        )
-        for d_in, d_out in self._layer_dims():
-            self.layers.append(nn.Linear(d_in, d_out))
+    conv = nn.Linear
 
     def _apply_layer(self, i, block, h):
         if h.shape[0] != block.num_src_nodes():

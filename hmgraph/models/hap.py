@@ -93,6 +93,8 @@ class GCont(nn.Module):
     def forward(self, level, x):
         """Content of the rows ``x`` of ``level`` (its own layout)."""
         weights = level.softmax_nodes(torch.tanh(self.proj(x)) @ self.content)
+        if level.dense:  # weights are 0 on padding: one (1, K) @ (K, F)
+            return (weights.unsqueeze(1) @ x).squeeze(1)
         return level.sum_nodes(weights.unsqueeze(-1) * x)
 
 
@@ -124,28 +126,46 @@ class MOA(nn.Module):
         counts = self.cluster_counts(level.sizes)
         width = int(counts.max()) if counts.numel() else 0
         clusters = torch.arange(width, device=h.device) < counts.unsqueeze(1)
-        # (2) Keys: embeddings mixed with their 1..hops propagations.
-        mix, hop = torch.softmax(self.hop_logits, 0), h
-        context = mix[0] * h
+        # (2)-(4) Logits of keys against queries. Keys are the embeddings
+        # mixed with their 1..hops propagations, ``sum_t mix_t P^t h``,
+        # through ``key``; queries are the seeds guided by the graph
+        # content (GCont) and mean, through ``query``. Both maps are
+        # linear and ``P`` acts within each graph, so with ``U = query(
+        # seeds) W_key`` and ``u_g = W_query guide_g W_key`` (per graph)
+        # the logits are ``sum_t mix_t P^t [h U^T + h . u_g]``: the hops
+        # propagate K + 1 columns instead of F, and neither keys nor
+        # queries are built per node (the same function, reassociated).
+        total = level.sum_nodes(h)
+        before = self.gcont(level, h)
+        mean = total / level.sizes.clamp(min=1).unsqueeze(-1).to(h.dtype)
+        guide = self.guide(torch.cat([before, mean], -1))
+        seeds = self.query(self.seeds[:width]) @ self.key.weight  # (K, F)
+        shift = guide @ self.query.weight.T @ self.key.weight  # (B, F)
+        hop = torch.cat([h @ seeds.T, (h * level.per_node(shift)).sum(
+            -1, keepdim=True)], -1)
+        mix = torch.softmax(self.hop_logits, 0)
+        context = mix[0] * hop
         for i in range(1, self.hops + 1):
             hop = level.propagate(hop)
             context = context + mix[i] * hop
-        keys = level.to_dense(self.key(context))
-        # (3) Queries: seeds guided by the graph content (GCont) and mean.
-        before = self.gcont(level, h)
-        guide = self.guide(torch.cat([before, level.readout(h, "mean")], -1))
-        queries = self.query(self.seeds[:width] + guide.unsqueeze(1))
+        logits = context[..., :width] + context[..., width:]
         # (4) Memberships: softmax over the active super-nodes per node.
-        logits = keys @ queries.transpose(1, 2) / math.sqrt(h.shape[-1])
-        logits = logits.masked_fill(~clusters.unsqueeze(1), -math.inf)
+        logits = logits / math.sqrt(h.shape[-1])
+        logits = logits.masked_fill(~level.per_node(clusters), -math.inf)
         member = torch.softmax(logits, dim=-1)
-        member = member * level.mask.unsqueeze(-1)  # (B, N, K), 0 on pad
+        if level.dense:
+            member = member * level.mask.unsqueeze(-1)  # 0 on padding
         # (5) Super-node rows: membership-weighted means; A' = S^T A S.
-        weights = (member + 1e-8) * level.mask.unsqueeze(-1)
-        weights = weights / weights.sum(1, keepdim=True).clamp(min=1e-12)
-        rows = weights.transpose(1, 2) @ level.to_dense(h)
-        rows = rows * clusters.unsqueeze(-1)
-        coarse = coarsen(level, member, clusters)
+        # With weights S + 1e-8 on real nodes: sum_i (S_ic + 1e-8) h_i
+        # = (S^T h)_c + 1e-8 sum_i h_i, over sum_i S_ic + 1e-8 n.
+        dense = level.to_dense(member)  # (B, N, K), 0 on padding
+        norm = level.sum_nodes(member) + 1e-8 * level.sizes.to(
+            h.dtype).unsqueeze(-1)
+        rows = torch.baddbmm(1e-8 * total.unsqueeze(1), dense.transpose(1, 2),
+                             level.to_dense(h))
+        scale = clusters.to(h.dtype) / norm.clamp(min=1e-12)  # 0 if unused
+        rows = rows * scale.unsqueeze(-1)
+        coarse = coarsen(level, dense, clusters)
         # (6) GCont stability: content before and after coarsening.
         after = self.gcont(coarse, rows)
         stability = 1 - F.cosine_similarity(before, after, dim=-1, eps=1e-8)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -80,6 +80,11 @@ class GraphLevel:
     stays in the level's own layout (padding a sparse level to ``(B,
     max_nodes, F)`` costs 16x the rows on PROTEINS). Tensors are on the
     model's device.
+
+    What depends on the level's structure only (a sparse level's padded
+    positions and degrees, a dense level's degrees) is computed once and
+    kept in ``cache``; a level is built once per forward and not changed
+    after.
     """
 
     sizes: torch.Tensor
@@ -88,6 +93,8 @@ class GraphLevel:
     src: torch.Tensor | None = None
     dst: torch.Tensor | None = None
     adj: torch.Tensor | None = None
+    cache: dict = field(default_factory=dict, init=False, repr=False,
+                        compare=False)
 
     @classmethod
     def sparse(cls, sizes, src, dst) -> GraphLevel:
@@ -110,13 +117,63 @@ class GraphLevel:
     def dense(self) -> bool:
         return self.adj is not None
 
+    def _cached(self, key, make):
+        if key not in self.cache:
+            self.cache[key] = make()
+        return self.cache[key]
+
+    def positions(self):
+        """Row ``i`` of a sparse level: its row in ``to_dense(x).flatten(0,
+        1)`` (graph ``batch[i]`` times the padded width plus its rank)."""
+        def make():
+            starts = self.sizes.cumsum(0) - self.sizes
+            rank = torch.arange(self.batch.numel(), device=self.batch.device)
+            return rank + (self.batch * self.mask.shape[1]
+                           - starts[self.batch])
+        return self._cached("positions", make)
+
+    def padded_edges(self):
+        """A sparse level's ``src`` and ``dst`` as `positions` rows."""
+        def make():
+            pos = self.positions()
+            return pos[self.src], pos[self.dst]
+        return self._cached("padded_edges", make)
+
     def to_dense(self, x):
         """Rows as ``(B, K, ...)``, zero padded."""
-        return x if self.dense else to_dense_batch(x, self.sizes)[0]
+        if self.dense:
+            return x
+        shape = (self.sizes.numel(), self.mask.shape[1], *x.shape[1:])
+        flat = x.new_zeros((shape[0] * shape[1], *x.shape[1:]))
+        return flat.index_copy_(0, self.positions(), x).view(shape)
 
     def from_dense(self, x):
         """Inverse of `to_dense` (back to the level's own layout)."""
-        return x if self.dense else x[self.mask]
+        if self.dense:
+            return x
+        return x.flatten(0, 1).index_select(0, self.positions())
+
+    def per_node(self, x):
+        """Per-graph rows ``(B, ...)`` broadcast to the level's nodes.
+
+        ``(total nodes, ...)`` on a sparse level, ``(B, 1, ...)`` on a
+        dense one.
+        """
+        return x.unsqueeze(1) if self.dense else x.index_select(0, self.batch)
+
+    def aggregate_padded(self, x):
+        """`aggregate` of dense ``(B, K, ...)`` rows, in their layout.
+
+        Zero on padded rows; on a sparse level the edges are followed in
+        padded positions, so the rows are never packed and re-padded.
+        """
+        if self.dense:
+            return self.adj @ x
+        src, dst = self.padded_edges()
+        flat = x.flatten(0, 1)
+        out = torch.zeros_like(flat).index_add_(0, dst,
+                                                flat.index_select(0, src))
+        return out.view(x.shape)
 
     def aggregate(self, x, normalized=False):
         """Sum of neighbour rows (weighted on dense levels).
@@ -139,19 +196,31 @@ class GraphLevel:
 
     def propagate(self, x):
         """GCN propagation ``D^-1/2 (A + I) D^-1/2 x``."""
-        if self.dense:
-            degree = self.adj.sum(-1) + 1.0
-        else:
-            degree = torch.bincount(self.dst, minlength=x.shape[0]) + 1.0
-        norm = degree.to(x.dtype).pow(-0.5).unsqueeze(-1)
-        return norm * (self.aggregate(norm * x) + norm * x)
+        def make():
+            if self.dense:
+                degree = self.adj.sum(-1) + 1.0
+            else:
+                degree = torch.bincount(self.dst, minlength=x.shape[0]) + 1.0
+            return degree.to(x.dtype).pow(-0.5).unsqueeze(-1)
+        norm = self._cached(("propagate", x.dtype, x.shape[0]), make)
+        scaled = norm * x
+        return norm * (self.aggregate(scaled) + scaled)
 
     def sum_nodes(self, x):
-        """Per-graph sum of rows, ``(B, F)``; padding excluded."""
+        """Per-graph sum of rows, ``(B, F)``; padding excluded.
+
+        The last result is kept: the readout and MOA sum the same rows.
+        """
+        last = self.cache.get("sum_nodes")
+        if last is not None and last[0] is x:
+            return last[1]
         if self.dense:
-            return (x * self.mask.unsqueeze(-1)).sum(1)
-        out = x.new_zeros((self.sizes.numel(), x.shape[-1]))
-        return out.index_add_(0, self.batch, x)
+            out = (x * self.mask.unsqueeze(-1)).sum(1)
+        else:
+            out = x.new_zeros((self.sizes.numel(), x.shape[-1]))
+            out = out.index_add_(0, self.batch, x)
+        self.cache["sum_nodes"] = (x, out)
+        return out
 
     def softmax_nodes(self, scores):
         """Softmax of per-node scores over each graph's nodes."""
@@ -306,7 +375,6 @@ def coarsen(level, assign, cluster_mask):
     sparse level never builds an ``N x N`` matrix. ``cluster_mask`` (``(B,
     K)``) marks the super-nodes in use.
     """
-    adj_assign = level.to_dense(level.aggregate(level.from_dense(assign)))
-    adj = assign.transpose(1, 2) @ adj_assign
+    adj = assign.transpose(1, 2) @ level.aggregate_padded(assign)
     adj = adj * (cluster_mask.unsqueeze(1) & cluster_mask.unsqueeze(2))
     return GraphLevel(cluster_mask.sum(1), cluster_mask, adj=adj)

@@ -111,12 +111,11 @@ class SAGEConv(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        """Reinitialise weights with Glorot uniform (ReLU gain), as DGL."""
+        """Reinitialise weights with Glorot uniform (ReLU gain), as DGL;
+        the bias keeps ``nn.Linear``'s uniform draw, as DGL's does."""
         gain = nn.init.calculate_gain("relu")
         nn.init.xavier_uniform_(self.fc_self.weight, gain=gain)
         nn.init.xavier_uniform_(self.fc_neigh.weight, gain=gain)
-        if self.fc_self.bias is not None:
-            nn.init.zeros_(self.fc_self.bias)
 
     def forward(self, block, x):
         """Compute the layer on one block.

@@ -43,6 +43,11 @@ log = logging.getLogger(__name__)
 __all__ = ["CachePlan", "build_cache", "make_plan", "metadata_bytes",
            "replay", "replay_hits", "store_metadata_bytes"]
 
+#: Reuse buffers are sized to this share (%) of the most rows the profile
+#: held at once: an epoch samples other neighbours than its profile, and a
+#: batch past the buffers keeps fewer rows for the next.
+REUSE_HEADROOM_PERCENT = 125
+
 #: Static shares of the cache tried when choosing the hmgraph split.
 STATIC_SHARES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 
@@ -347,7 +352,9 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
             )
         device_rows = (device_budget_bytes - table) // row_bytes
         profile = reuse_profile(trace, reuse_levels)
-        reuse_rows = min(max(profile["rows_per_level"]),
+        # Headroom: the epoch's samples are not the profile's.
+        profiled = max(profile["rows_per_level"])
+        reuse_rows = min(-(-profiled * REUSE_HEADROOM_PERCENT // 100),
                          device_rows // reuse_levels)
         reuse_rate = profile["reuse_rate"]
         device_rows -= reuse_levels * reuse_rows

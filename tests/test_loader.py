@@ -123,3 +123,23 @@ def test_batches_on_cuda(tiny):
     for batch in loader:
         assert batch.x.is_cuda and batch.y.is_cuda
         assert torch.equal(batch.x.cpu(), tiny.features[batch.input_nodes])
+
+
+def test_each_finished_epoch_hands_freed_memory_back(tiny, monkeypatch):
+    import hmgraph.loader
+
+    calls = []
+    monkeypatch.setattr(hmgraph.loader, "release_freed_memory",
+                        lambda: calls.append(1) or True)
+    loader = DataLoader(tiny.graph, tiny.split["train"][:300],
+                        SAMPLERS["neighbor"](), batch_size=128, prefetch=2)
+    for epoch in range(2):
+        for _ in loader:
+            pass
+        assert len(calls) == epoch + 1
+    for _ in loader:  # left early: the epoch did not finish
+        break
+    loader.close()
+    assert len(calls) == 2
+    monkeypatch.undo()
+    assert isinstance(hmgraph.loader.release_freed_memory(), bool)

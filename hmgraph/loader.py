@@ -766,7 +766,8 @@ def release_freed_memory() -> bool:
     """Hand memory freed by this process back to the system, at an epoch's
     end: glibc keeps freed batch tensors in its arenas, and over 50 epochs
     on synth-small RSS then grew by about 300 MB with no more bytes held
-    (`bench/soak.py`); with this call it stayed within 5 MB.
+    (`bench/soak.py`); with this call its trend was +5 and +36 MB in two
+    runs.
 
     Returns
     -------

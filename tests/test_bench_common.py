@@ -1,20 +1,15 @@
 """The shared bench harness (`hmgraph.benchmark`, `bench/common.py`)."""
 
-import importlib.util
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
+from benchscripts import load_bench
 
 from hmgraph import benchmark
 
-SPEC = importlib.util.spec_from_file_location(
-    "bench_common", Path(__file__).resolve().parents[1] / "bench" /
-    "common.py")
-common = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(common)
+common = load_bench("common")
 
 
 def test_amortized_adds_construction_once_over_the_epochs():

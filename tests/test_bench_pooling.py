@@ -1,20 +1,13 @@
 """bench/pooling.py: per-fold selection on validation, targets, merging."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from benchscripts import load_bench
 
 from hmgraph.classify import summarize
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))  # as `python bench/pooling.py` has it
-SPEC = importlib.util.spec_from_file_location("bench_pooling",
-                                              BENCH / "pooling.py")
-bench = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(bench)
+bench = load_bench("pooling")
 
 
 def record(dataset, model, folds):

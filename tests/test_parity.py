@@ -6,24 +6,17 @@ layer-wise inference), kept out of the package as the independent
 reference; bench/parity.py runs the full comparison on synth-small.
 """
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import dgl
 import torch
+from benchscripts import load_bench
 
 from hmgraph.models import build_model
 from hmgraph.train import TrainConfig, make_loader, make_sampler
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))  # as `python bench/parity.py` has it
-SPEC = importlib.util.spec_from_file_location("bench_parity",
-                                              BENCH / "parity.py")
-parity = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(parity)
+parity = load_bench("parity")
 
 #: Small settings for synth-tiny (1,000 training nodes: 4 batches).
 SETTINGS = {

@@ -9,8 +9,6 @@ import os
 # DGL's OpenMP runtime and torch's spin against each other on few cores;
 # passive waiting halves step times on 2 cores. Must precede torch's import.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# ogb asks PyPI for its latest version on import; never phone home.
-os.environ.setdefault("OUTDATED_IGNORE", "1")
 
 from hmgraph.loader import DataLoader, LoaderStats, MiniBatch  # noqa: E402
 

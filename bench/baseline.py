@@ -1,10 +1,7 @@
 """Baseline: DGL's own mini-batch loop with features in memory.
 
-Per dataset, `common.dgl_epoch` (DGL's ``DataLoader`` with its defaults)
-trains GraphSAGE for ``--epochs`` epochs, seconds split into sample,
-fetch and train; the graph's sparse formats are built once before, timed
-apart. Details in bench/README.md. ``python bench/baseline.py --datasets
-synth-tiny --epochs 2 --out /tmp/baseline.json``.
+Per dataset, ``--epochs`` epochs of `common.dgl_baseline`, seconds split
+into sample, fetch and train (bench/README.md).
 """
 
 from __future__ import annotations

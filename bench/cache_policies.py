@@ -1,10 +1,8 @@
 """Cache policies with features on disk, judged in the disk's units.
 
-One epoch of GraphSAGE per layout of the feature file, host budget and
-cache policy (`common.loader_epoch` over the ``O_DIRECT`` storage tier, its
-trace replayed under Belady's policy) and the DGL baselines once; targets
-T1-T5 at the 20 % host budget. Details in bench/README.md.
-``python bench/cache_policies.py --quick --root /tmp/hmg``.
+One epoch per layout, host budget and cache policy, Belady's policy on its
+trace, and the DGL baselines once; targets T1-T5 at the 20 % host budget
+(bench/README.md). ``python bench/cache_policies.py --quick``.
 """
 
 from __future__ import annotations
@@ -221,11 +219,10 @@ def targets(records: list[dict], layouts: list[str], epochs: int) -> list:
     ours = {name: ours[name] for name in layouts if name in ours}
 
     def built(r, key=None):
-        text = (f"build {r['layout_seconds']:.1f} s layout + "
-                f"{r['construct_seconds']:.1f} s loader")
-        value = r.get(f"{key}_amortized") if key else None
-        return text + (f"; amortized over {epochs} epochs {value:.2f}"
-                       if value is not None else "")
+        return common.built_note(
+            f"build {r['layout_seconds']:.1f} s layout + "
+            f"{r['construct_seconds']:.1f} s loader", epochs,
+            r.get(f"{key}_amortized") if key else None)
 
     ratios = {n: r["storage_vs_none"] for n, r in ours.items()
               if r["storage_vs_none"] is not None}

@@ -51,15 +51,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_quick_arguments(parser, DEFAULTS, QUICK, "batches per trace "
                                "read from storage, the rest counted from its "
                                "read plan")
+    add = parser.add_argument
     for flag in ("--repeats", "--epochs", "--cora-epochs", "--runs"):
-        parser.add_argument(flag, type=positive_int, help="default "
-                            f"{DEFAULTS[flag[2:].replace('-', '_')]}")
-    parser.add_argument("--eval-every", type=positive_int, default=1)
-    parser.add_argument("--cora-root", default="../shared/data",
-                        help="folder holding Cora/; '' skips Cora")
-    parser.add_argument("--parts", type=common.names(PARTS),
-                        default=list(PARTS), help="hit_rates and storage "
-                        "run sampling too")
+        add(flag, type=positive_int,
+            help=f"default {DEFAULTS[flag[2:].replace('-', '_')]}")
+    add("--eval-every", type=positive_int, default=1)
+    add("--cora-root", default="../shared/data",
+        help="folder holding Cora/; '' skips Cora")
+    add("--parts", type=common.names(PARTS), default=list(PARTS),
+        help="hit_rates and storage run sampling too")
     args = common.finish_args(parser, parser.parse_args(argv), DEFAULTS,
                               QUICK)
     if {"hit_rates", "storage"} & set(args.parts):
@@ -212,8 +212,7 @@ def storage_epoch(path, trace, mapping, max_batches, desc) -> dict:
     from hmgraph.cache.format import PAGE_BYTES
     from hmgraph.cache.storage import StorageFeature
 
-    read = len(trace) if max_batches is None else min(max_batches,
-                                                      len(trace))
+    read = min(max_batches or len(trace), len(trace))
     planned = planned_read = 0
     bar = common.progress(len(trace), desc)
     with StorageFeature(path, block_bytes=PAGE_BYTES) as feature:
@@ -277,8 +276,7 @@ def part_accuracy(args, result: dict) -> None:
     from hmgraph import datasets
     from hmgraph.train import TrainConfig, train
 
-    names = [args.small] + (["cora"] if args.cora_root else [])
-    for name in names:
+    for name in result["config"]["accuracy_datasets"]:
         settings = dict(CORA, epochs=args.cora_epochs, root=args.cora_root) \
             if name == "cora" else dict(
                 SYNTH_TRAIN, dataset=name, root=args.root,

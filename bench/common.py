@@ -1,12 +1,10 @@
 """The bench scripts' flags; each script is its experiment.
 
-The harness they share lives in `hmgraph.benchmark` (``hmgraph bench``
-runs the very same code) and is re-exported here: the DGL baseline
-(`dgl_epoch`), `hmgraph_epoch`, `loader_epoch`, `load`, `isolated`, peak
-memory, `environment`, `write_results` naming the commit, `finish`, the
-tables (`markdown_table`, `target`, `targets_table`) and METIS parts
-(`metis_parts`). Here: the workload flags (`add_bench_arguments`,
-`add_quick_arguments`, `finish_args`, `names`, `budget`, `settings`).
+The harness they share is `hmgraph.benchmark` (``hmgraph bench`` runs the
+very same code); its public names are read through this module
+(``common.dgl_epoch`` is `hmgraph.benchmark.dgl_epoch`). Here: the
+workload flags (`add_bench_arguments`, `add_quick_arguments`,
+`finish_args`, `names`, `budget`, `settings`).
 """
 
 from __future__ import annotations
@@ -14,40 +12,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hmgraph import benchmark
 from hmgraph.args import non_negative_int, parse_fanouts, positive_int
-from hmgraph.benchmark import (  # noqa: F401 - the shared harness
-    AMORTIZE_EPOCHS,
-    DGL_WORKERS,
-    DROPOUT,
-    LR,
-    ConfigurationFailed,
-    amortized,
-    commit,
-    dgl_baseline,
-    dgl_epoch,
-    disk_text,
-    environment,
-    environment_text,
-    finish,
-    hmgraph_epoch,
-    isolated,
-    load,
-    loader_epoch,
-    markdown_table,
-    metis_parts,
-    metis_text,
-    new_model,
-    open_memmap,
-    peak_rss_bytes,
-    progress,
-    seeded_subset,
-    target,
-    targets_table,
-    watch_memory,
-    write_results,
-)
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def __getattr__(name: str):
+    """The shared harness: `hmgraph.benchmark`'s public names."""
+    if name in benchmark.__all__:
+        return getattr(benchmark, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser, *,
@@ -77,12 +52,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser, *,
         return parser.set_defaults(**defaults)
     add("--hidden", type=positive_int, default=256)
     add("--seed", type=int, default=0)
-    add("--amortize-epochs", type=positive_int, default=AMORTIZE_EPOCHS,
+    epochs, workers = benchmark.AMORTIZE_EPOCHS, benchmark.DGL_WORKERS
+    add("--amortize-epochs", type=positive_int, default=epochs,
         help="epochs construction is amortized over in the extra ratio "
-        f"column (default: {AMORTIZE_EPOCHS})")
-    add("--dgl-workers", type=non_negative_int, default=DGL_WORKERS,
+        f"column (default: {epochs})")
+    add("--dgl-workers", type=non_negative_int, default=workers,
         help="num_workers of DGL's DataLoader in the DGL baselines "
-        f"(default: {DGL_WORKERS}, DGL's; see bench/README.md)")
+        f"(default: {workers}, DGL's; see bench/README.md)")
     parser.set_defaults(**defaults)
 
 
@@ -150,6 +126,3 @@ def settings(args: argparse.Namespace, **more) -> dict:
     """The options (``out`` left out) and ``more``, for a result's
     ``config``."""
     return dict({k: v for k, v in vars(args).items() if k != "out"}, **more)
-
-
-

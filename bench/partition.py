@@ -1,10 +1,8 @@
 """Partition methods side by side: edge cut, replication, remote traffic.
 
-Per method of `hmgraph.partition.METHODS`: the assignment (timed), then
-one epoch of every part's trainer replayed on the whole graph
-(`hmgraph.partition.partition_stats`), on equal and on unequal machines.
-Targets and options: bench/README.md. ``python bench/partition.py
---dataset synth-tiny --root /tmp/hmg --out /tmp/partition.json``.
+Per method of `hmgraph.partition.METHODS`, the assignment and one replayed
+epoch (`hmgraph.partition.partition_stats`), on equal and unequal
+machines. Targets and options: bench/README.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """HAP against the pooling baselines on TU datasets, one protocol for all.
 
-Every (dataset, model) pair runs `hmgraph.classify.run` (stratified
-k-fold CV, validation carved from each training fold, selection and early
-stopping on validation only); target: HAP best of the harness on at least
-3 of the 4 datasets. Details and examples in bench/README.md.
+Every (dataset, model) pair runs `hmgraph.classify.run`; target: HAP best
+of the harness on at least 3 of the 4 datasets (bench/README.md).
 """
 
 from __future__ import annotations
@@ -26,16 +24,11 @@ DEFAULT_ROOT = REPO.parent / "shared" / "data"
 DATASETS = ["MUTAG", "PROTEINS", "NCI1", "ENZYMES"]
 MODELS = ["hap", "hap-sum", "gin", "gin-mean", "topk", "sagpool",
           "diffpool"]
-# Configurations of one model: on every fold the one with the best
-# validation accuracy (ties: lower validation loss, then the first listed)
-# is the model's pick, scored on that fold's test set (Errica et al.'s
-# selection on an inner hold-out). A model alone is its own family.
+# A model's configurations, picked per fold on validation (README).
 FAMILIES = {"hap": ["hap", "hap-sum"], "gin": ["gin", "gin-mean"]}
 # Relative cost of one epoch (measured on 2 cores), to start big jobs first.
 COST = {"NCI1": 8.0, "PROTEINS": 3.0, "ENZYMES": 1.5, "MUTAG": 0.3}
-
-# Published 10-fold figures (accuracy %) by paper: {source: [protocol,
-# {model: {dataset: "mean ± std"}}]}; none has our protocol.
+# {source: [protocol, {model: {dataset: "mean ± std"}}]}, 10-fold, in %.
 PUBLISHED = json.loads(Path(__file__).with_name("pooling_published.json")
                        .read_text(encoding="utf-8"))
 SETTINGS = ("folds", "epochs", "patience", "batch_size", "hidden", "lr",
@@ -273,7 +266,7 @@ def merge(paths):
     seen = set()
     config["datasets"], config["models"] = [], []
     for path, report in zip(paths, reports, strict=True):
-        new, pairs = report["config"], []
+        new = report["config"]
         problems = [f"{k}={new[k]!r} differs from {paths[0]}'s "
                     f"{base['config'][k]!r}; only runs of one protocol can "
                     "be merged" for k in SETTINGS
@@ -282,12 +275,11 @@ def merge(paths):
                      f"{config['folds_run'][d]}; merge needs equal folds"
                      for d, n in new["folds_run"].items()
                      if config["folds_run"].setdefault(d, n) != n]
-        for record in report["records"]:
-            pairs.append((record["dataset"], record["model"]))
-            if pairs[-1] in seen:
-                problems.append(f"{pairs[-1][0]} {pairs[-1][1]} is in more "
-                                "than one run; merge each pair once")
-            seen.add(pairs[-1])
+        for pair in ((r["dataset"], r["model"]) for r in report["records"]):
+            if pair in seen:
+                problems.append(f"{pair[0]} {pair[1]} is in more than one "
+                                "run; merge each pair once")
+            seen.add(pair)
         if problems:
             raise SystemExit(f"{path}: {problems[0]}")
         merged["records"] += report["records"]

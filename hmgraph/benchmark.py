@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "AMORTIZE_EPOCHS", "CONFIGS", "DGL_WORKERS", "DROPOUT", "LR",
-    "ConfigurationFailed", "amortized", "commit", "dgl_baseline",
+    "ConfigurationFailed", "amortized", "built_note", "commit",
+    "dgl_baseline",
     "dgl_epoch", "disk_text", "drop_page_cache", "environment",
     "environment_text", "finish", "hmgraph_epoch",
     "isolated", "load", "loader_epoch", "markdown_table", "metis_parts",
@@ -842,6 +843,13 @@ def target(number, what: str, value, op: str, limit: float,
                              value >= limit) else "MISS"
     return {"target": number, "what": what, "value": value, "op": op,
             "limit": limit, "verdict": verdict, "note": note}
+
+
+def built_note(built: str, epochs: int, ratio: float | None) -> str:
+    """A target's note: ``built`` (the construction seconds, as text) and,
+    where not None, ``ratio`` `amortized` over ``epochs``."""
+    return built + (f"; amortized over {epochs} epochs {ratio:.2f}"
+                    if ratio is not None else "")
 
 
 def targets_table(rows: list[dict]) -> str:

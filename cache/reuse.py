@@ -138,6 +138,10 @@ class ReuseStats:
         rows into the batch, the batch's rows into the buffer.
     peak_bytes : int
         Most device bytes the buffers and the id table held after a read.
+    staging_bytes : int
+        Device bytes of the staging the rows asked of the cache below pass
+        through (as many as the most one batch asked; without reuse the
+        batch's own rows).
     """
 
     rows_requested: int = 0
@@ -147,6 +151,7 @@ class ReuseStats:
     seconds: float = 0.0
     copy_seconds: float = 0.0
     peak_bytes: int = 0
+    staging_bytes: int = 0
 
     def reuse_rate(self) -> float:
         """Share of requested rows reused (0.0 before any)."""
@@ -166,7 +171,8 @@ class ReuseStats:
                 "bytes_saved": self.bytes_saved,
                 "seconds": self.seconds,
                 "copy_seconds": self.copy_seconds,
-                "peak_bytes": self.peak_bytes}
+                "peak_bytes": self.peak_bytes,
+                "staging_bytes": self.staging_bytes}
 
 
 class BatchReuse(Feature):
@@ -189,6 +195,13 @@ class BatchReuse(Feature):
     chooses which rows a batch keeps. Reads are treated as consecutive
     mini-batches: call `reset` at an epoch boundary only if rows may have
     changed (they do not: reuse is exact across epochs too).
+
+    The levels share one ring of ``levels * capacity_rows`` rows: a batch
+    writes the rows it keeps after the last batch's, wrapping around, over
+    rows no level holds any more. The rows asked of the cache below are
+    copied after the ring (staging), so that one gather from ring and
+    staging builds the batch: no scatter, and no fresh buffer but the
+    batch itself (on the CPU a fresh buffer costs a page fault per 4 KiB).
     """
 
     def __init__(self, inner: Feature, levels: int, capacity_rows: int):
@@ -213,20 +226,24 @@ class BatchReuse(Feature):
         # Per node: the last (batch, distance) stamp of the lookahead.
         self._stamp = torch.empty(self.num_rows, dtype=torch.int32,
                                   device=self.device)
+        self._pool = torch.empty((0, *self.row_shape), dtype=self.dtype,
+                                 device=self.device)
         self.reset()
+
+    @property
+    def ring_rows(self) -> int:
+        """Rows of the ring the levels share."""
+        return self.levels * self.capacity_rows
 
     def reset(self) -> None:
         """Forget the buffered batches."""
         self._batch_of.fill_(_NEVER)
         self._stamp.fill_(_NEVER)
         self._batch = 0
-        empty = torch.zeros((0, *self.row_shape), dtype=self.dtype,
-                            device=self.device)
-        # Per level (last batch, the one before): its kept rows and the
-        # first row still valid; and how many of the last batch's rows
-        # were kept for the next batch only.
-        self._held = [(empty, 0), (empty, 0)]
-        self._next_only = 0
+        # Per level (last batch, the one before): where its rows start in
+        # the ring, how many it kept, and the first one still valid.
+        self._levels = [(0, 0, 0), (0, 0, 0)]
+        self._next_only = 0  # the last batch's rows for the next batch only
 
     @property
     def table_bytes(self) -> int:
@@ -234,14 +251,37 @@ class BatchReuse(Feature):
         return self.num_rows * TABLE_BYTES_PER_ROW
 
     @property
+    def held_rows(self) -> int:
+        """Rows the levels hold now."""
+        return sum(count - first for _, count, first in self._levels)
+
+    @property
     def nbytes(self) -> int:
-        """Device bytes held now: row buffers and the tables."""
-        return self.table_bytes + sum(
-            rows.numel() * rows.element_size() for rows, _ in self._held)
+        """Device bytes of the rows the levels hold, and the tables."""
+        return self.table_bytes + self.held_rows * self.row_bytes
+
+    @property
+    def staging_bytes(self) -> int:
+        """Device bytes of the staging after the ring: the most rows one
+        batch asked of the cache below (transient rows without reuse)."""
+        rows = max(0, self._pool.shape[0] - self.ring_rows)
+        return rows * self.row_bytes
+
+    def level_rows(self, age: int) -> torch.Tensor:
+        """The rows level ``age`` (1: the last batch) holds, in the order
+        it kept them (a copy)."""
+        start, count, first = self._levels[age - 1]
+        where = self._ring_positions(start + first, count - first)
+        return self._pool.index_select(0, where)
 
     def read(self, ids, future: Sequence[torch.Tensor] = ()) -> torch.Tensor:
         """See `Feature.read`; ``future`` is passed to the inner feature."""
         return self._read(check_ids(ids, self.num_rows), future)
+
+    def _ring_positions(self, start: int, count: int) -> torch.Tensor:
+        """Ring rows ``start, start + 1, ...`` (``count`` of them), wrapped."""
+        positions = torch.arange(start, start + count, device=self.device)
+        return positions.remainder_(max(1, self.ring_rows))
 
     def _read(self, ids, future=()) -> torch.Tensor:
         # Everything but the inner read counts in `stats.seconds`: the
@@ -251,27 +291,19 @@ class BatchReuse(Feature):
         ids = ids.to(self.device)
         # (1) In which batch each id was last stored, and where.
         batch_of = self._batch_of.index_select(0, ids)
-        row_of = self._row_of.index_select(0, ids)
-        out = torch.empty((ids.numel(), *self.row_shape),
-                          dtype=self.dtype, device=self.device)
-        # (2) Copy the rows the buffers hold (`index_select` and
-        # `index_copy_`: a third of the cost of `out[i] = rows[j]` on CPU).
-        copy = time.perf_counter()
+        source = self._row_of.index_select(0, ids).long()
         served = torch.zeros_like(ids, dtype=torch.bool)
         for age in range(1, self.levels + 1):
-            rows, first = self._held[age - 1]
+            start, _, first = self._levels[age - 1]
             hit = batch_of == self._batch - age
-            if first:
-                hit &= row_of >= first
+            if first:  # rows before `first` went; positions wrap
+                hit &= (source - start).remainder_(self.ring_rows) >= first
             served |= hit
-            where = hit.nonzero().squeeze(1)
-            out.index_copy_(0, where, rows.index_select(
-                0, row_of.index_select(0, where) - first))
-            self.stats.reused[f"level{age}"] += where.numel()
-            self.stats.bytes_saved += where.numel() * self.row_bytes
-        self.stats.copy_seconds += time.perf_counter() - copy
-        # (3) The rest from the cache below, asked in sorted order: it then
-        # neither sorts them nor puts its rows back in request order.
+            count = int(hit.sum())
+            self.stats.reused[f"level{age}"] += count
+            self.stats.bytes_saved += count * self.row_bytes
+        # (2) The rest from the cache below, asked in sorted order (it
+        # then neither sorts them nor reorders its rows), into staging.
         rest = (~served).nonzero().squeeze(1)
         inner = 0.0
         if rest.numel():
@@ -280,33 +312,51 @@ class BatchReuse(Feature):
             start = time.perf_counter()
             rows = self.inner.read(wanted, future)
             inner = time.perf_counter() - start
-            out.index_copy_(0, rest.index_select(0, order),
-                            rows.to(self.device))
+            copy = time.perf_counter()
+            staged = self._staging(rest.numel())
+            staged.copy_(rows)
             del rows
+            source.index_copy_(0, rest.index_select(0, order), torch.arange(
+                self.ring_rows, self.ring_rows + rest.numel(),
+                device=self.device))
+            self.stats.copy_seconds += time.perf_counter() - copy
+        # (3) One gather builds the batch from ring and staging.
+        copy = time.perf_counter()
+        out = self._pool.index_select(0, source)
+        self.stats.copy_seconds += time.perf_counter() - copy
         # (4) Keep copies (the caller may write into `out`).
         self._keep(ids, out, future)
         self.stats.rows_requested += ids.numel()
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.nbytes)
+        self.stats.staging_bytes = self.staging_bytes
         self.stats.seconds += time.perf_counter() - began - inner
         return out
+
+    def _staging(self, rows: int) -> torch.Tensor:
+        """``rows`` rows of staging after the ring (grown by a quarter
+        more than asked when short, the ring's rows moved along)."""
+        ring = self.ring_rows
+        if self._pool.shape[0] < ring + rows:
+            pool = torch.empty((ring + rows + rows // 4, *self.row_shape),
+                               dtype=self.dtype, device=self.device)
+            pool[:min(ring, self._pool.shape[0])].copy_(self._pool[:ring])
+            self._pool = pool
+        return self._pool[ring:ring + rows]
 
     def _keep(self, ids, out, future) -> None:
         """Keep the rows of ``out`` that the next ``levels`` batches ask
         for (the next batch's first); without ``future``, the first rows.
 
         The last batch becomes the older level with only its rows for the
-        batch after next (a copy; all its rows, by reference, when it had
-        no lookahead), and the levels share ``levels * capacity_rows``.
+        batch after next (where they are), and the levels share
+        ``levels * capacity_rows``.
         """
-        copy = time.perf_counter()
-        older = (out[:0], 0)
+        older, head = (0, 0, 0), 0
         if self.levels == 2:
-            last, _ = self._held[0]
-            first = self._next_only
-            older = (last[first:].clone() if first else last, first)
-        self._held = [older, older]  # let the last batch's rows go
-        room = self.levels * self.capacity_rows - older[0].shape[0]
-        self.stats.copy_seconds += time.perf_counter() - copy
+            start, count, _ = self._levels[0]
+            older = (start, count, min(count, self._next_only))
+            head = (start + count) % max(1, self.ring_rows)
+        room = self.ring_rows - (older[1] - older[2])
         if len(future):
             # Stamp the coming batches' ids, the nearest last so that it
             # wins; stamps grow with the batch counter: none needs
@@ -325,16 +375,32 @@ class BatchReuse(Feature):
             next_only = 0
             keep = torch.arange(min(ids.numel(), room), device=self.device)
         copy = time.perf_counter()
-        kept = ids.index_select(0, keep)
-        self._batch_of.index_fill_(0, kept, self._batch)
-        self._row_of.index_copy_(0, kept, torch.arange(
-            kept.numel(), dtype=torch.int32, device=self.device))
-        self._held = [(out.index_select(0, keep), 0), older]
+        count = keep.numel()
+        if count:
+            self._staging(0)  # the ring exists
+            self._write_ring(head, out, keep)
+            kept = ids.index_select(0, keep)
+            self._batch_of.index_fill_(0, kept, self._batch)
+            self._row_of.index_copy_(
+                0, kept, self._ring_positions(head, count).int())
+        self._levels = [(head, count, 0), older]
         self._next_only = next_only
         self.stats.copy_seconds += time.perf_counter() - copy
         self._batch += 1
         if self._batch >= _WRAP:
             self.reset()
+
+    def _write_ring(self, head: int, out, keep) -> None:
+        """Rows ``out[keep]`` into the ring from row ``head`` on, in at
+        most two gathers straight into it (the second after wrapping)."""
+        ring = self.ring_rows
+        first = min(keep.numel(), ring - head)
+        torch.index_select(out, 0, keep[:first],
+                           out=self._pool[head:head + first])
+        if first < keep.numel():
+            rest = keep.numel() - first
+            torch.index_select(out, 0, keep[first:],
+                               out=self._pool[:rest])
 
     def close(self) -> None:
         """Close the inner feature."""

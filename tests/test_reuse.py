@@ -118,9 +118,38 @@ def test_lookahead_keeps_only_what_comes_and_reuses_as_much(levels):
         if future:
             coming = set(torch.cat(future).tolist())
             wanted = sum(i in coming for i in ids.tolist())
-            assert ahead._held[0][0].shape[0] == wanted < ids.numel()
+            assert ahead.level_rows(1).shape[0] == wanted < ids.numel()
     assert ahead.stats.reused == whole.stats.reused
     assert sum(ahead.stats.reused.values()) > 0
+
+
+@pytest.mark.parametrize("capacity", [3, 17])
+def test_tight_ring_wraps_and_rows_stay_exact(capacity):
+    """Two levels with a lookahead in a ring smaller than a batch: kept
+    rows wrap around the ring over rows no level holds, and every batch
+    still equals the feature file's rows."""
+    rows = torch.from_numpy(reference())
+    gen = torch.Generator().manual_seed(capacity)
+    batches = [torch.randperm(60, generator=gen)[:25] for _ in range(30)]
+    reuse = make_reuse(2, capacity)
+    for t, ids in enumerate(batches):
+        future = [b.sort().values for b in batches[t + 1:t + 3]]
+        assert torch.equal(reuse.read(ids, future), rows[ids])
+        assert reuse.held_rows <= 2 * capacity
+        for age in (1, 2):
+            held = reuse.level_rows(age)
+            assert torch.equal(held, rows[_held_ids(reuse, held)])
+    assert reuse.stats.reused["level1"] > 0
+    # 3 rows a level: the next batch's rows fill the ring; 17: room left.
+    assert (reuse.stats.reused["level2"] > 0) == (capacity == 17)
+    assert reuse.stats.staging_bytes >= 25 * reuse.row_bytes // 2
+
+
+def _held_ids(reuse, held):
+    """The ids whose rows ``held`` are (rows of `reference` are unique)."""
+    table = torch.from_numpy(reference())
+    return torch.tensor([int((table == row).all(1).nonzero()[0])
+                         for row in held], dtype=torch.int64)
 
 
 def test_lookahead_keeps_the_next_batch_first_when_tight():
@@ -128,10 +157,10 @@ def test_lookahead_keeps_the_next_batch_first_when_tight():
     reuse = make_reuse(levels=2, capacity=2)  # 4 rows for both levels
     now = torch.tensor([1, 2, 3, 4, 5, 6])
     reuse.read(now, [torch.tensor([5, 6, 9]), torch.tensor([1, 2, 3])])
-    assert torch.equal(reuse._held[0][0], rows[torch.tensor([5, 6, 1, 2])])
+    assert torch.equal(reuse.level_rows(1), rows[torch.tensor([5, 6, 1, 2])])
     # Rows 1 and 2 stay for the batch after next; 5 and 6 go after this.
     reuse.read(torch.tensor([5, 7]), [torch.tensor([1, 8])])
-    assert torch.equal(reuse._held[1][0], rows[torch.tensor([1, 2])])
+    assert torch.equal(reuse.level_rows(2), rows[torch.tensor([1, 2])])
     assert reuse.stats.reused == {"level1": 1, "level2": 0}
     reuse.read(torch.tensor([1, 6]))
     assert reuse.stats.reused == {"level1": 1, "level2": 1}

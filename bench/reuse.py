@@ -2,8 +2,7 @@
 
 One training epoch of GraphSAGE per configuration (`common.loader_epoch`,
 features read with ``O_DIRECT``, no host cache), seeds **shuffled** or in
-**cluster** order (`cluster_order`, METIS parts one per batch, groups in a
-walk over the edges between them): no reuse,
+**cluster** order (`cluster_order`, METIS parts one per batch): no reuse,
 one-level and two-level reuse within ``--device-budget``, and a static
 ``presample`` cache of two-level's buffer bytes. Targets and records:
 bench/README.md. ``python bench/reuse.py --quick --root /tmp/hmg``.
@@ -14,7 +13,6 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
-import time
 
 import common
 
@@ -50,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                               QUICK)
 
 
-def epoch_seeds(train, parts, affinity, order: str, args):
+def epoch_seeds(train, parts, order: str, args):
     """One order's seeds, capped at ``--max-batches`` batches."""
     from hmgraph.samplers.cluster import cluster_order
 
@@ -58,8 +56,7 @@ def epoch_seeds(train, parts, affinity, order: str, args):
         return common.seeded_subset(train, args.max_batches,
                                     args.batch_size, args.seed)
     keep = args.max_batches and args.max_batches * args.batch_size
-    return cluster_order(train, parts, GROUP_SIZE, args.seed,
-                         affinity=affinity)[:keep]
+    return cluster_order(train, parts, GROUP_SIZE, args.seed)[:keep]
 
 
 def run_config(dataset, seeds, args, order, config, reuse, cache,
@@ -181,16 +178,12 @@ def report(result: dict) -> str:
         f"{c['amortize_epochs']}.", "",
         f"Reuse buffers, most held after a batch, of what the plan "
         f"reserved: {held or 'none ran'}.", "",
-        common.metis_text(result["metis"]) + " Edges between parts, for "
-        "the walk: "
-        f"{result['metis'].get('affinity_seconds', 0):.1f} s.", "",
-        "## Targets", "",
+        common.metis_text(result["metis"]), "", "## Targets", "",
         common.targets_table(result["targets"]), ""])
 
 
 def main(argv=None) -> int:
     from hmgraph.cache.budget import parse_budget
-    from hmgraph.samplers.cluster import cluster_affinity
 
     args = parse_args(argv)
     common.watch_memory()
@@ -200,11 +193,6 @@ def main(argv=None) -> int:
     train = dataset.split["train"]
     parts, metis = common.metis_parts(
         dataset, args.root, -(-train.numel() // args.batch_size))
-    affinity = None
-    if parts is not None:
-        began = time.perf_counter()
-        affinity = cluster_affinity(dataset.graph, parts)
-        metis["affinity_seconds"] = time.perf_counter() - began
     print(common.metis_text(metis), file=sys.stderr)
     seeds = min(train.numel(), (args.max_batches or train.numel())
                 * args.batch_size)
@@ -221,7 +209,7 @@ def main(argv=None) -> int:
         "records": [], "targets": []}
     records = result["records"]
     for order in ORDERS if parts is not None else ORDERS[:1]:
-        seeds = epoch_seeds(train, parts, affinity, order, args)
+        seeds = epoch_seeds(train, parts, order, args)
         for config, reuse, cache in CONFIGS:
             record = run_config(
                 dataset, seeds, args, order, config, reuse, cache,

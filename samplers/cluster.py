@@ -39,8 +39,7 @@ from hmgraph.cache.format import atomic_path
 log = logging.getLogger(__name__)
 
 __all__ = ["METIS_OPTIONS", "ClusterSampler", "cached_clusters",
-           "cluster_affinity", "cluster_order", "metis_clusters",
-           "metis_key"]
+           "cluster_order", "metis_clusters", "metis_key"]
 
 _WEIGHT_KEY = "_hmgraph_locality"
 
@@ -142,76 +141,14 @@ def metis_clusters(graph, num_clusters: int,
     return parts
 
 
-def cluster_affinity(graph, clusters: torch.Tensor) -> dict:
-    """Edges between every two clusters that share any, counted once.
-
-    Parameters
-    ----------
-    graph : dgl.DGLGraph
-        The graph the clusters partition.
-    clusters : torch.Tensor
-        Cluster id per node.
-
-    Returns
-    -------
-    dict
-        ``pairs`` (int64 (2, P): cluster ids, both directions of an edge
-        counted) and ``edges`` (int64 (P,): edges from the first to the
-        second), for `cluster_order`.
-    """
-    src, dst = graph.edges()
-    a, b = clusters[src], clusters[dst]
-    cut = a != b
-    num_clusters = int(clusters.max()) + 1 if clusters.numel() else 0
-    keys, edges = torch.unique(a[cut] * num_clusters + b[cut],
-                               return_counts=True)
-    pairs = torch.stack([keys // max(1, num_clusters),
-                         keys % max(1, num_clusters)])
-    return {"pairs": pairs, "edges": edges}
-
-
-def _walk(pairs: np.ndarray, weights: np.ndarray, num_groups: int
-          ) -> np.ndarray:
-    """Groups in walk order: from group 0, each next group is the unvisited
-    one joined to the current by the most edges; where none is, the one
-    joined to the visited groups by the most; where none is, the lowest
-    unvisited id (ties go to the lowest id)."""
-    import scipy.sparse
-
-    joined = scipy.sparse.csr_matrix(
-        (weights, (pairs[0], pairs[1])), shape=(num_groups, num_groups))
-    visited = np.zeros(num_groups, dtype=bool)
-    pull = np.zeros(num_groups)  # edges from the visited groups
-    order, current = [], 0
-    for _ in range(num_groups):
-        visited[current] = True
-        order.append(current)
-        row = slice(joined.indptr[current], joined.indptr[current + 1])
-        near, edges = joined.indices[row], joined.data[row]
-        pull[near] += edges
-        free = ~visited[near]
-        if free.any():
-            near, edges = near[free], edges[free]
-            current = int(near[edges == edges.max()].min())
-        else:
-            left = np.where(visited, -1.0, pull)
-            current = int(left.argmax())  # the first of the most
-    return np.asarray(order)
-
-
 def cluster_order(seeds: torch.Tensor, clusters: torch.Tensor,
                   group_size: int, seed: int,
-                  num_clusters: int | None = None,
-                  affinity: dict | None = None) -> torch.Tensor:
-    """Seeds grouped by cluster, groups of clusters in a seeded order.
+                  num_clusters: int | None = None) -> torch.Tensor:
+    """Seeds grouped by cluster, clusters in a seeded random order.
 
     Clusters are shuffled and taken ``group_size`` at a time; the seeds of
     a group are shuffled together, so consecutive batches draw their seeds
-    from one group of clusters. With ``affinity`` the groups follow a walk
-    (from a random group, each next one is the unvisited group joined to
-    it by the most edges), so that the batches on either side of a group
-    boundary share neighbourhoods, and rows (batch reuse); without it,
-    the groups' order is random.
+    from one group of clusters.
 
     Parameters
     ----------
@@ -225,8 +162,6 @@ def cluster_order(seeds: torch.Tensor, clusters: torch.Tensor,
         Seed of the generator (``seed + epoch`` for an epoch).
     num_clusters : int, optional
         Default ``clusters.max() + 1``.
-    affinity : dict, optional
-        `cluster_affinity` of the graph and ``clusters``.
     """
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -236,17 +171,8 @@ def cluster_order(seeds: torch.Tensor, clusters: torch.Tensor,
     cluster_rank = torch.randperm(num_clusters, generator=generator)
     within = torch.randperm(seeds.numel(), generator=generator)
     shuffled = seeds[within]
-    group = cluster_rank // group_size
-    if affinity is not None and num_clusters:
-        num_groups = int(group.max()) + 1
-        pairs = group[affinity["pairs"]]
-        apart = pairs[0] != pairs[1]
-        walk = _walk(pairs[:, apart].numpy(),
-                     affinity["edges"][apart].numpy(), num_groups)
-        step = torch.empty(num_groups, dtype=torch.int64)
-        step[torch.from_numpy(walk)] = torch.arange(num_groups)
-        group = step[group]
-    return shuffled[torch.argsort(group[clusters[shuffled]], stable=True)]
+    group = cluster_rank[clusters[shuffled]] // group_size
+    return shuffled[torch.argsort(group, stable=True)]
 
 
 class ClusterSampler(NeighborSampler):
@@ -272,15 +198,10 @@ class ClusterSampler(NeighborSampler):
         Clusters whose seeds are mixed into the same batches: 1 draws each
         batch from one cluster; a few mix the labels of a batch (seeds of
         one cluster tend to share a label) while keeping it local.
-    walk : bool
-        Order the groups of an epoch by a walk over the edges between them
-        (`cluster_order`), so that batches across a group boundary share
-        rows too; False: a random order.
     """
 
     def __init__(self, graph, fanouts, clusters: torch.Tensor,
-                 locality: float = 1.0, group_size: int = 1,
-                 walk: bool = True, **kwargs):
+                 locality: float = 1.0, group_size: int = 1, **kwargs):
         if not 0.0 <= locality <= 1.0:
             raise ValueError(f"locality must be in [0, 1], got {locality}")
         if group_size < 1:
@@ -319,7 +240,6 @@ class ClusterSampler(NeighborSampler):
         self.group_size = group_size
         self.num_clusters = int(clusters.max()) + 1 if clusters.numel() \
             else 0
-        self.affinity = cluster_affinity(graph, clusters) if walk else None
 
     def sample_blocks(self, g, seed_nodes, exclude_eids=None):
         """DGL's `NeighborSampler.sample_blocks`; see the class notes."""
@@ -346,10 +266,9 @@ class ClusterSampler(NeighborSampler):
         return input_nodes, output_nodes, blocks
 
     def order_seeds(self, seeds: torch.Tensor, seed: int) -> torch.Tensor:
-        """Seeds grouped by cluster, groups in a seeded order.
+        """Seeds grouped by cluster, clusters in a seeded random order.
 
-        See `cluster_order`, with this sampler's clusters, group size and
-        (``walk``) affinity.
+        See `cluster_order`, with this sampler's clusters and group size.
 
         Parameters
         ----------
@@ -359,10 +278,9 @@ class ClusterSampler(NeighborSampler):
             Seed of the generator (``seed + epoch`` for an epoch).
         """
         return cluster_order(seeds, self.clusters, self.group_size, seed,
-                             self.num_clusters, self.affinity)
+                             self.num_clusters)
 
     def __repr__(self) -> str:
         return (f"ClusterSampler(fanouts={self.fanouts}, clusters="
                 f"{self.num_clusters}, locality={self.locality}, "
-                f"group_size={self.group_size}, "
-                f"walk={self.affinity is not None})")
+                f"group_size={self.group_size})")

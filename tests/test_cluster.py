@@ -13,12 +13,7 @@ from hmgraph.cache.format import open_feature_file
 from hmgraph.cache.policies import layer_aware_score, make_policy
 from hmgraph.datasets.renumbered import renumbered, to_original
 from hmgraph.models import GraphSAGE, layerwise_inference
-from hmgraph.samplers.cluster import (
-    ClusterSampler,
-    cluster_affinity,
-    cluster_order,
-    metis_clusters,
-)
+from hmgraph.samplers.cluster import ClusterSampler, metis_clusters
 from hmgraph.samplers.presample import presample
 
 FANOUTS = [6, 4]
@@ -226,35 +221,6 @@ def test_seed_order_groups_clusters(tiny, clusters):
     assert int(runs) == clusters[seeds].unique().numel()  # one run each
     assert torch.equal(order, sampler.order_seeds(seeds, 5))
     assert not torch.equal(order, sampler.order_seeds(seeds, 6))
-
-
-def test_walk_orders_groups_along_their_edges():
-    """Ten clusters joined in a path (9 -> 8 -> ... -> 0, heavier edges
-    towards 0): every epoch's walk steps from each cluster to a neighbour
-    but where it reaches an end of the path and jumps once; the random
-    order does not."""
-    nodes = torch.arange(100)
-    clusters = nodes // 10
-    inside = [(a, b) for c in range(10) for a in range(10 * c, 10 * c + 10)
-              for b in range(10 * c, 10 * c + 10) if a != b]
-    links = [(10 * c + i, 10 * (c + 1) + i) for c in range(9)
-             for i in range(10 - c)]  # 10 - c edges between c and c + 1
-    src, dst = torch.tensor(inside + links).T
-    graph = dgl.graph((torch.cat([src, dst]), torch.cat([dst, src])))
-    affinity = cluster_affinity(graph, clusters)
-    assert affinity["edges"].sum() == 2 * len(links)
-    jumps = {}
-    for walk in (True, False):
-        jumps[walk] = []
-        for epoch in range(8):
-            order = cluster_order(nodes, clusters, 1, epoch,
-                                  affinity=affinity if walk else None)
-            visited = clusters[order].unique_consecutive()
-            assert sorted(visited.tolist()) == list(range(10))
-            steps = (visited[1:] - visited[:-1]).abs()
-            jumps[walk].append(int((steps != 1).sum()))
-    assert max(jumps[True]) <= 1
-    assert sum(jumps[False]) > 8
 
 
 def test_bad_locality_and_clusters(tiny, clusters):

@@ -1,4 +1,5 @@
-"""bench/pooling.py: per-fold selection on validation, targets, merging."""
+"""bench/pooling.py: the search grid, per-fold selection on validation,
+targets, merging."""
 
 import json
 
@@ -10,51 +11,71 @@ from hmgraph.classify import summarize
 bench = load_bench("pooling")
 
 
-def record(dataset, model, folds):
-    """A run whose folds are ``(valid, valid_loss, test)`` triples."""
+def record(dataset, model, folds, index=0, majority=0.5):
+    """A run of grid configuration ``index`` whose folds are ``(valid,
+    valid_loss, test)`` triples."""
     folds = [{"valid": v, "valid_loss": loss, "test": t, "epochs_run": 10,
               "seconds": 1.0} for v, loss, t in folds]
-    return {"dataset": dataset, "model": model, "wall_seconds": 1.0,
+    return {"dataset": dataset, "model": model, "name": f"c{index}",
+            "grid_index": index, "majority": majority, "wall_seconds": 1.0,
             "folds": folds, "summary": summarize(folds)}
+
+
+def test_grid_is_the_product_and_every_model_gets_it():
+    grid = bench.parse_grid(bench.GRID)
+    assert grid == [{"batch_size": 32, "dropout": 0.0},
+                    {"batch_size": 32, "dropout": 0.5},
+                    {"batch_size": 128, "dropout": 0.0},
+                    {"batch_size": 128, "dropout": 0.5}]
+    assert bench.config_name(grid[1]) == "batch_size=32 dropout=0.5"
+    with pytest.raises(SystemExit, match="'ratio=1' is not KEY=V1,V2"):
+        bench.parse_grid("ratio=1")
 
 
 def test_each_fold_picks_the_best_validation_configuration():
     records = [
         record("D", "hap", [(0.9, 0.3, 0.50), (0.7, 0.3, 0.60),
-                            (0.8, 0.2, 0.70)]),
-        record("D", "hap-sum", [(0.8, 0.3, 0.99), (0.9, 0.3, 0.10),
-                                (0.8, 0.1, 0.20)]),
+                            (0.8, 0.2, 0.70)], index=0),
+        record("D", "hap", [(0.8, 0.3, 0.99), (0.9, 0.3, 0.10),
+                            (0.8, 0.1, 0.20)], index=1),
         record("D", "gin", [(0.5, 0.3, 0.40)] * 3),
     ]
     selected = bench.select_on_validation(records)
     hap = selected[("D", "hap")]
-    # Fold 0: hap by valid; fold 1: hap-sum by valid; fold 2: tie on
-    # valid, hap-sum by the lower valid loss. Test never decides.
-    assert hap["picks"] == {"hap": 1, "hap-sum": 2}
+    # Fold 0: c0 by valid; fold 1: c1 by valid; fold 2: tie on valid, c1
+    # by the lower valid loss. Test never decides.
+    assert hap["picks"] == {"c0": 1, "c1": 2}
     assert hap["summary"]["test_mean"] == pytest.approx(
         (0.50 + 0.10 + 0.20) / 3)
-    assert selected[("D", "gin")]["picks"] == {"gin": 3}
-    t = bench.targets(records, ["D"], selected)
-    assert t["per_dataset"]["D"]["best_other"] == "gin"
-    assert t["per_dataset"]["D"]["margin_points"] == pytest.approx(
-        100 * ((0.80 / 3) - 0.40))
-    # Without selection: hap (mean test 0.6) and hap-sum (0.43) each
-    # against gin (0.4), the only non-HAP configuration.
-    fixed = t["fixed"]
-    assert fixed["hap"]["wins"] == 1 and fixed["hap-sum"]["wins"] == 1
-    assert fixed["hap"]["margins"]["D"] == pytest.approx(20.0)
+    assert selected[("D", "gin")]["picks"] == {"c0": 3}
+    # HAP's picks (0.267) lose to GIN (0.40 ± 0) by more than GIN's std.
+    row = bench.targets(records, ["D"], selected)["per_dataset"]["D"]
+    assert (row["best"], row["verdict"]) == ("gin", bench.LOSS)
+    assert row["gap_points"] == pytest.approx(100 * (0.40 - 0.80 / 3))
 
 
-def test_full_tie_keeps_the_first_listed_configuration():
-    records = [record("D", "gin-mean", [(0.5, 0.3, 0.9)]),
-               record("D", "gin", [(0.5, 0.3, 0.1)])]
+def test_within_one_std_of_the_best_is_a_tie_and_majority_is_flagged():
+    records = [record("D", "hap", [(0.5, 0.3, 0.70), (0.5, 0.3, 0.72)]),
+               record("D", "gin", [(0.5, 0.3, 0.66), (0.5, 0.3, 0.80)]),
+               record("D", "topk", [(0.5, 0.3, 0.5)] * 2)]
+    t = bench.targets(records, ["D"], bench.select_on_validation(records))
+    row = t["per_dataset"]["D"]
+    # gin 0.73 ± 0.099 (sample std); HAP 0.71 is 2 points below.
+    assert (row["best"], row["verdict"]) == ("gin", bench.TIE)
+    assert row["at_majority"] == ["topk"]
+    assert (t["hap_ok"], t["at_majority"]) == (1, 1)
+
+
+def test_full_tie_keeps_the_first_configuration_of_the_grid():
+    records = [record("D", "gin", [(0.5, 0.3, 0.9)], index=1),
+               record("D", "gin", [(0.5, 0.3, 0.1)], index=0)]
     picks = bench.select_on_validation(records)[("D", "gin")]["picks"]
-    assert picks == {"gin": 1}
+    assert picks == {"c0": 1}
 
 
 def write_run(path, models, **changes):
-    config = {"folds": 10, "epochs": 100, "patience": 20, "batch_size": 128,
-              "hidden": 64, "lr": 0.001, "seed": 0, "workers": 2,
+    config = {"folds": 10, "epochs": 100, "patience": 20, "hidden": 64,
+              "lr": 0.001, "seed": 0, "grid": bench.GRID, "workers": 2,
               "root": "x", "datasets": ["D"], "models": models,
               "folds_run": {"D": 1}}
     config.update(changes)
@@ -66,15 +87,37 @@ def write_run(path, models, **changes):
 
 def test_merge_joins_runs_of_one_protocol(tmp_path):
     a = write_run(tmp_path / "a.json", ["gin", "hap"])
-    b = write_run(tmp_path / "b.json", ["hap-sum"])
+    b = write_run(tmp_path / "b.json", ["topk"])
     merged = bench.merge([a, b])
-    assert merged["config"]["models"] == ["hap", "hap-sum", "gin"]
+    assert merged["config"]["models"] == ["gin", "hap", "topk"]
     assert len(merged["records"]) == 3 and merged["wall_seconds"] == 4.0
 
 
-def test_merge_refuses_other_settings_and_repeated_pairs(tmp_path):
+def test_merge_refuses_other_settings_and_repeated_cells(tmp_path):
     a = write_run(tmp_path / "a.json", ["hap"])
     with pytest.raises(SystemExit, match="epochs=60 differs"):
         bench.merge([a, write_run(tmp_path / "b.json", ["gin"], epochs=60)])
-    with pytest.raises(SystemExit, match="D hap is in more than one run"):
+    with pytest.raises(SystemExit, match="grid='dropout=0' differs"):
+        bench.merge([a, write_run(tmp_path / "b.json", ["gin"],
+                                  grid="dropout=0")])
+    with pytest.raises(SystemExit, match="D hap c0 is in more than one run"):
         bench.merge([a, write_run(tmp_path / "c.json", ["hap"])])
+
+
+def test_markdown_names_the_grid_and_the_majority_class():
+    records = [record("D", "hap", [(0.5, 0.3, 0.7)] * 2),
+               record("D", "gin", [(0.5, 0.3, 0.6)] * 2)]
+    report = {"config": {"folds": 2, "epochs": 3, "patience": 2,
+                         "hidden": 8, "lr": 0.01, "seed": 0,
+                         "grid": bench.GRID, "workers": 1,
+                         "datasets": ["D"], "models": ["hap", "gin"],
+                         "folds_run": {"D": 2}}, "records": records}
+    selected = bench.select_on_validation(records)
+    report["targets"] = bench.targets(records, ["D"], selected)
+    report["selected"] = [{"dataset": d, "model": m, **v}
+                          for (d, m), v in selected.items()]
+    text = bench.markdown(report)
+    assert f"search `{bench.GRID}`" in text
+    assert "| hap | **70.00 ± 0.00** |" in text
+    assert "| majority class | 50.00 |" in text
+    assert "HAP best (70.00" in text

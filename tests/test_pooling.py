@@ -355,9 +355,10 @@ def test_ratio_defaults():
 def reference_moa(moa, level, h):
     """MOA as first written: keys and memberships padded to ``(B, N, K)``.
 
-    Keys ``key(sum_t mix_t P^t h)`` and queries ``query(seed + guide)`` per
-    node and graph, masked softmax, explicit ``(S + 1e-8)``-weighted means
-    and ``S^T A S`` from the packed ``A S``; GCont and ``P`` by hand.
+    Keys ``key(sum_t mix_t P^t h)`` and queries ``query(seed * (1 +
+    guide))`` per node and graph, masked softmax, explicit ``(S +
+    1e-8)``-weighted means and ``S^T A S`` from the packed ``A S``; GCont
+    and ``P`` by hand.
     """
     def dense(x):
         return x if level.dense else to_dense_batch(x, level.sizes)[0]
@@ -389,7 +390,7 @@ def reference_moa(moa, level, h):
     before = content(level.mask, h_dense)
     mean = h_dense.sum(1) / level.sizes.clamp(min=1).unsqueeze(-1)
     guide = moa.guide(torch.cat([before, mean], -1))
-    queries = moa.query(moa.seeds[:width] + guide.unsqueeze(1))
+    queries = moa.query(moa.seeds[:width] * (1 + guide.unsqueeze(1)))
     logits = keys @ queries.transpose(1, 2) / math.sqrt(h.shape[-1])
     logits = logits.masked_fill(~clusters.unsqueeze(1), -math.inf)
     member = torch.softmax(logits, dim=-1) * mask
@@ -408,16 +409,15 @@ def reference_moa(moa, level, h):
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_moa_matches_the_padded_reference(seed, dtype):
-    """The optimised MOA (packed logits, K + 1 propagated columns, fused
+    """The optimised MOA (packed logits, K propagated columns, fused
     weighted means) computes the padded formulation's function.
 
     Coarse adjacency, rows and stability loss to 1e-5 (float32) or 1e-10
     (float64), and every gradient to that times its largest entry, on the
-    sparse input level and on a dense coarse level. Gradients are compared
-    on the scale of the largest one: ``guide`` and the query's bias only
-    get rounding noise (~1e-7 in float32, ~1e-15 in float64) in both
-    formulations, since a per-node shift of the logits does not change the
-    softmax over super-nodes.
+    sparse input level and on a dense coarse level. The guide steers the
+    memberships: its gradient is of the order of the seeds' (an additive
+    guide got only rounding noise, since a per-node shift of the logits
+    does not change the softmax over super-nodes).
     """
     tol = 1e-5 if dtype == torch.float32 else 1e-10
     model = make_model("hap", seed).train().to(dtype)
@@ -446,6 +446,9 @@ def test_moa_matches_the_padded_reference(seed, dtype):
         for name, grad in grads.items():
             torch.testing.assert_close(grad, ref[3][name], rtol=0,
                                        atol=tol * scale, msg=name)
+        guide, seeds = (float(grads[n].abs().max())
+                        for n in ("guide.weight", "seeds"))
+        assert guide > 1e-3 * seeds, (guide, seeds)
         # The next MOA sees a dense level: this one's, with its rows.
         with torch.no_grad():
             coarse, rows, _ = moa(level, h)

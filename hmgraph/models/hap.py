@@ -24,11 +24,15 @@ words only; the choices made where the description is silent, and why:
    Inactive super-nodes are masked out of every softmax and readout.
 4. **MOA (cross-level attention).** Queries are ``k_g`` learned super-node
    seeds (shared across graphs, as the inducing points of the Set
-   Transformer's PMA) shifted by the level's graph content (GCont, below)
-   and the mean node embedding; keys are the finer nodes' embeddings mixed
-   with their 1- and 2-hop propagations ``Â h``, ``Â² h`` (``Â`` the
-   self-looped GCN normalisation) by learned softmax weights, so nodes
-   that share a neighbourhood get similar keys and fall into the same
+   Transformer's PMA) modulated by the level's graph content (GCont, below)
+   and the mean node embedding, feature-wise (FiLM, Perez et al. 2018):
+   ``q_c = W_q (s_c * (1 + guide_g))``. A guide *added* to the queries
+   would add ``guide_g . k_i``, the same for every super-node, to node
+   ``i``'s logits, and the softmax over super-nodes would ignore it;
+   scaling reaches each super-node differently. Keys are the finer nodes'
+   embeddings mixed with their 1- and 2-hop propagations ``Â h``, ``Â² h``
+   (``Â`` the self-looped GCN normalisation) by learned softmax weights, so
+   nodes that share a neighbourhood get similar keys and fall into the same
    super-node: attention favours the close neighbourhood while the 2-hop
    term carries higher-order dependencies. Scaled dot-product logits are
    normalised over the super-nodes (each node distributes its membership,
@@ -113,7 +117,9 @@ class MOA(nn.Module):
         self.hop_logits = nn.Parameter(torch.zeros(hops + 1))
         self.gcont = GCont(feats)
         self.guide = nn.Linear(2 * feats, feats)
-        self.query = nn.Linear(feats, feats)
+        # No biases: a query bias, like an additive guide, shifts a node's
+        # logits equally for every super-node (choice 4).
+        self.query = nn.Linear(feats, feats, bias=False)
         self.key = nn.Linear(feats, feats, bias=False)
 
     def cluster_counts(self, sizes):
@@ -128,27 +134,25 @@ class MOA(nn.Module):
         clusters = torch.arange(width, device=h.device) < counts.unsqueeze(1)
         # (2)-(4) Logits of keys against queries. Keys are the embeddings
         # mixed with their 1..hops propagations, ``sum_t mix_t P^t h``,
-        # through ``key``; queries are the seeds guided by the graph
-        # content (GCont) and mean, through ``query``. Both maps are
-        # linear and ``P`` acts within each graph, so with ``U = query(
-        # seeds) W_key`` and ``u_g = W_query guide_g W_key`` (per graph)
-        # the logits are ``sum_t mix_t P^t [h U^T + h . u_g]``: the hops
-        # propagate K + 1 columns instead of F, and neither keys nor
-        # queries are built per node (the same function, reassociated).
+        # through ``key``; queries are the seeds scaled by the guide from
+        # the graph content (GCont) and mean, through ``query``. Both maps
+        # are linear and ``P`` acts within each graph, so the logit of
+        # node i and super-node c is ``sum_t mix_t P^t`` of ``(h_i W_key^T
+        # W_query * (1 + guide_g)) . seed_c``: the hops propagate K columns
+        # instead of F, and no key or query is built per node or per graph
+        # (the same function, reassociated).
         total = level.sum_nodes(h)
         before = self.gcont(level, h)
         mean = total / level.sizes.clamp(min=1).unsqueeze(-1).to(h.dtype)
         guide = self.guide(torch.cat([before, mean], -1))
-        seeds = self.query(self.seeds[:width]) @ self.key.weight  # (K, F)
-        shift = guide @ self.query.weight.T @ self.key.weight  # (B, F)
-        hop = torch.cat([h @ seeds.T, (h * level.per_node(shift)).sum(
-            -1, keepdim=True)], -1)
+        keys = h @ (self.key.weight.T @ self.query.weight)
+        keys = keys * level.per_node(1 + guide)
+        hop = keys @ self.seeds[:width].T  # per node: K columns
         mix = torch.softmax(self.hop_logits, 0)
-        context = mix[0] * hop
+        logits = mix[0] * hop
         for i in range(1, self.hops + 1):
             hop = level.propagate(hop)
-            context = context + mix[i] * hop
-        logits = context[..., :width] + context[..., width:]
+            logits = logits + mix[i] * hop
         # (4) Memberships: softmax over the active super-nodes per node.
         logits = logits / math.sqrt(h.shape[-1])
         logits = logits.masked_fill(~level.per_node(clusters), -math.inf)

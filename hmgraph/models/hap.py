@@ -44,9 +44,9 @@ words only; the choices made where the description is silent, and why:
 6. **GCont.** One learned content vector per level (a parameter, hence the
    same for every graph and every graph of the same feature form) scores
    the nodes, ``a_i = softmax_i(c . tanh(W h_i))``, and the graph content
-   is ``sum_i a_i h_i`` (the attention readout of gated graph networks).
-   It guides coarsening (added to the queries) and is compared before and
-   after coarsening: the stability loss is ``1 - cos(content before,
+   is ``sum_i a_i h_i`` (the attention readout of gated graph networks). It
+   guides coarsening (scaling the queries, choice 4) and is compared before
+   and after coarsening: the stability loss is ``1 - cos(content before,
    content after)``, a scale-free form that embeddings cannot satisfy by
    shrinking; it is averaged over graphs and levels and weighted by
    ``content_weight=0.1`` (small, as DiffPool's auxiliary losses, so that

@@ -64,6 +64,12 @@ def test_within_one_std_of_the_best_is_a_tie_and_majority_is_flagged():
     assert (row["best"], row["verdict"]) == ("gin", bench.TIE)
     assert row["at_majority"] == ["topk"]
     assert (t["hap_ok"], t["at_majority"]) == (1, 1)
+    # A tie is not a win: the best is the other model, HAP within its std.
+    records = [record("D", "hap", [(0.5, 0.3, 0.7)] * 2),
+               record("D", "gin", [(0.5, 0.3, 0.7)] * 2)]
+    t = bench.targets(records, ["D"], bench.select_on_validation(records))
+    row = t["per_dataset"]["D"]
+    assert (row["best"], row["verdict"]) == ("gin", bench.TIE)
 
 
 def test_full_tie_keeps_the_first_configuration_of_the_grid():

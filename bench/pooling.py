@@ -144,12 +144,11 @@ def targets(records, datasets, selected) -> dict:
             "at_majority": sum(len(t["at_majority"]) for t in out.values())}
 
 
-def _cell(summary, folds, picks=None) -> str:
+def _cell(summary, folds) -> str:
+    """``mean ± std`` in %, flagged where fewer than ``folds`` ran."""
     text = f"{100 * summary['test_mean']:.2f} ± {100 * summary['test_std']:.2f}"
     if summary["folds_run"] < folds:
         text += f" ({summary['folds_run']} folds)"
-    if picks and len(picks) > 1:
-        text += " (" + ", ".join(f"{n}x {c}" for c, n in picks.items()) + ")"
     return text
 
 

@@ -51,7 +51,11 @@ def parse_grid(text: str) -> list[dict]:
         if key not in GRID_KEYS or not values:
             raise SystemExit(f"--grid: {part!r} is not KEY=V1,V2 with KEY "
                              f"one of {', '.join(GRID_KEYS)}")
-        axes[key] = [GRID_KEYS[key](v) for v in values.split(",")]
+        try:
+            axes[key] = [GRID_KEYS[key](v) for v in values.split(",")]
+        except ValueError:
+            raise SystemExit(f"--grid: {part!r} has a value that is not "
+                             f"{GRID_KEYS[key].__name__}") from None
     return [dict(zip(axes, combo, strict=True))
             for combo in itertools.product(*axes.values())]
 

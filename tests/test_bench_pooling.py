@@ -30,6 +30,9 @@ def test_grid_is_the_product_and_every_model_gets_it():
     assert bench.config_name(grid[1]) == "batch_size=32 dropout=0.5"
     with pytest.raises(SystemExit, match="'ratio=1' is not KEY=V1,V2"):
         bench.parse_grid("ratio=1")
+    with pytest.raises(SystemExit, match="'batch_size=32,x' has a value "
+                       "that is not int"):
+        bench.parse_grid("batch_size=32,x")
 
 
 def test_each_fold_picks_the_best_validation_configuration():

@@ -1,7 +1,7 @@
 """Cluster sampling (2PGraph) against DGL's uniform neighbour sampling:
-sampling seconds, static placement hit rates, storage pages per epoch and
-accuracy of `hmgraph.train`, the results rewritten after each part.
-Details, targets and examples: bench/README.md.
+sampling seconds, storage pages per epoch and accuracy of `hmgraph.train`,
+the results rewritten after each part (cache hit rates of a cluster trace:
+``hmgraph analyze --sampler cluster``). Details: bench/README.md.
 """
 
 from __future__ import annotations
@@ -16,10 +16,7 @@ from pathlib import Path
 
 import common
 
-PROFILE_SEED_OFFSET = 7919  # as `hmgraph.DataLoader` profiles
-DEVICE_SHARE, HOST_SHARE = 0.05, 0.20
-STATIC_POLICIES = ("presample", "layer-aware")
-PARTS = ("sampling", "hit_rates", "storage", "accuracy")
+PARTS = ("sampling", "storage", "accuracy")
 DGL = "dgl NeighborSampler"
 TRAIN_GROUP_SIZE = 4
 #: (name, locality, group size); locality None is DGL's sampler.
@@ -27,7 +24,7 @@ SAMPLERS = ((DGL, None, None), ("cluster l=0.5 g=4", 0.5, 4),
             ("cluster l=1 g=4", 1.0, 4), ("cluster l=0.5 g=1", 0.5, 1),
             ("cluster l=1 g=1", 1.0, 1))
 CLUSTER_TRACE = "cluster l=1 g=4"
-TRACED = (DGL, CLUSTER_TRACE)  # the traces parts 2 and 3 replay
+TRACED = (DGL, CLUSTER_TRACE)  # the traces part 2 reads
 CORA = {"dataset": "cora", "fanouts": [10, 10], "batch_size": 32,
         "hidden": 64, "lr": 0.01, "weight_decay": 5e-4, "dropout": 0.5}
 SYNTH_TRAIN = {"lr": 0.01, "weight_decay": 0.0, "dropout": 0.5}
@@ -59,10 +56,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--cora-root", default="../shared/data",
         help="folder holding Cora/; '' skips Cora")
     add("--parts", type=common.names(PARTS), default=list(PARTS),
-        help="hit_rates and storage run sampling too")
+        help="storage runs sampling too")
     args = common.finish_args(parser, parser.parse_args(argv), DEFAULTS,
                               QUICK)
-    if {"hit_rates", "storage"} & set(args.parts):
+    if "storage" in args.parts:
         args.parts = [p for p in PARTS if p in args.parts or p == "sampling"]
     if not args.cora_root or "accuracy" not in args.parts:
         args.cora_root = None
@@ -153,57 +150,7 @@ def part_sampling(dataset, parts, metis_seconds, args) -> tuple:
     return records, traces
 
 
-# -- (2) Hit rates ----------------------------------------------------------
-
-def part_hit_rates(dataset, parts, traces, args) -> list[dict]:
-    """Static placement from a whole-epoch profile, per tier: device hits
-    are a replay with the device's rows (the top of the same ranking),
-    device + host hits one with both; Belady with both is the ceiling."""
-    from hmgraph.cache.plan import replay, replay_hits
-    from hmgraph.cache.policies import make_policy
-    from hmgraph.samplers.presample import presample
-
-    n = dataset.num_nodes
-    device_rows, host_rows = int(DEVICE_SHARE * n), int(HOST_SHARE * n)
-    records = []
-    for name, locality, group_size in (s for s in SAMPLERS
-                                       if s[0] in traces):
-        trace = traces[name]
-        sampler, _ = timed_sampler(dataset.graph, args.fanouts, parts,
-                                   locality, group_size)
-        began = time.perf_counter()
-        profile = presample(dataset.graph, sampler, dataset.split["train"],
-                            args.batch_size, len(trace),
-                            seed=args.seed + PROFILE_SEED_OFFSET)
-        profile_seconds = time.perf_counter() - began
-        del sampler
-        belady = make_policy("belady", n, device_rows + host_rows)
-        belady.set_trace(trace)
-        belady_rate = replay(belady, trace)
-        del belady
-        for policy in STATIC_POLICIES:
-            hits = [replay_hits(make_policy(
-                policy, n, rows, hotness=profile.counts,
-                hop_counts=profile.hop_counts), trace)
-                for rows in (device_rows, device_rows + host_rows)]
-            requested = hits[0][1]
-            device, both = (h / max(1, requested) for h, _ in hits)
-            records.append({
-                "trace": name, "policy": policy, "device_rows": device_rows,
-                "host_rows": host_rows,
-                "hit_rate": {"device": device, "host": both - device,
-                             "storage": 1.0 - both},
-                "requested_rows": requested, "trace_batches": len(trace),
-                "belady_hit_rate": belady_rate,
-                "profile_batches": profile.num_batches,
-                "profile_seed": args.seed + PROFILE_SEED_OFFSET,
-                "profile_seconds": profile_seconds,
-                "profiled_rows": int((profile.counts > 0).sum())})
-        del profile
-    return records
-
-
-# -- (3) Storage pages ------------------------------------------------------
+# -- (2) Storage pages ------------------------------------------------------
 
 def storage_epoch(path, trace, mapping, max_batches, desc) -> dict:
     """Pages one epoch of ``trace`` reads from a feature file, no cache:
@@ -268,7 +215,7 @@ def part_storage(dataset, parts, num_parts, traces, args) -> tuple:
     return records, renumber
 
 
-# -- (4) Accuracy -----------------------------------------------------------
+# -- (3) Accuracy -----------------------------------------------------------
 
 def part_accuracy(args, result: dict) -> None:
     """Every `TRAIN_CONFIGS` entry on synth-small (and Cora); the results
@@ -375,19 +322,6 @@ def report(result: dict) -> str:
               r["construct_seconds"], r["amortized_vs_dgl"],
               round(r["input_nodes_per_batch"]), round(r["edges_per_batch"]),
               r["rows_touched"]] for r in result["sampling"]])
-    if result["hit_rates"]:
-        r0 = result["hit_rates"][0]
-        text += section(
-            "Static placement hit rates", f"Device {r0['device_rows']:,} "
-            f"rows, host {r0['host_rows']:,}; profile over "
-            f"{r0['profile_batches']} batches, seed {r0['profile_seed']}.",
-            ["trace", "policy", "device hit %", "host hit %", "storage %",
-             "device + host %", "Belady device + host %", "profiled rows"],
-            [[r["trace"], r["policy"], 100 * r["hit_rate"]["device"],
-              100 * r["hit_rate"]["host"], 100 * r["hit_rate"]["storage"],
-              100 * (1 - r["hit_rate"]["storage"]),
-              100 * r["belady_hit_rate"], r["profiled_rows"]]
-             for r in result["hit_rates"]])
     if result["storage"]:
         matched = all(r["plan_matches_reads"] for r in result["storage"])
         text += section(
@@ -432,13 +366,11 @@ def write(result: dict, args, part: str | None = None) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     common.watch_memory()
+    cora = ["cora"] if args.cora_root else []
     result = {"config": common.settings(
-        args, accuracy_datasets=[args.small] + (["cora"] if args.cora_root
-                                                else []),
-        device_share=DEVICE_SHARE, host_share=HOST_SHARE,
-        profile_batches="the epoch's"),
+        args, accuracy_datasets=[args.small] + cora),
         "environment": common.environment(), "metis": None, "sampling": [],
-        "hit_rates": [], "storage": [], "renumber": None, "accuracy": [],
+        "storage": [], "renumber": None, "accuracy": [],
         "targets": [], "notes": [], "loadavg": {},
         "started_unix": time.time()}
     if "sampling" in args.parts:
@@ -456,9 +388,6 @@ def main(argv=None) -> int:
         result["sampling"], traces = part_sampling(
             dataset, parts, result["metis"]["seconds"], args)
         write(result, args, "sampling")
-        if "hit_rates" in args.parts:
-            result["hit_rates"] = part_hit_rates(dataset, parts, traces, args)
-            write(result, args, "hit_rates")
         if "storage" in args.parts:
             result["storage"], result["renumber"] = part_storage(
                 dataset, parts, batches, traces, args)

@@ -532,14 +532,13 @@ def _bytes_table(result: dict) -> list[str]:
 
 def run(args) -> dict:
     """``hmgraph analyze``: trace an epoch, replay, write JSON/PNG/md."""
-    import json
     from pathlib import Path
 
     from tqdm.auto import tqdm
 
     from hmgraph import datasets
+    from hmgraph.benchmark import write_results
     from hmgraph.cache.disk import disk_model
-    from hmgraph.cache.format import atomic_path
     from hmgraph.plots import plot_analysis
     from hmgraph.samplers.presample import presample
     from hmgraph.train import TrainConfig, make_sampler
@@ -581,8 +580,6 @@ def run(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"analyze-{args.dataset}"
-    with atomic_path(out / f"{stem}.json") as tmp:
-        tmp.write_text(json.dumps(result, indent=1))
     result["plots"] = [str(p) for p in plot_analysis(result, out, stem)]
     markdown = (f"# Cache-hit analysis: {args.dataset}\n\n"
                 f"{batches} batches of {args.batch_size} seeds, "
@@ -591,7 +588,6 @@ def run(args) -> dict:
                 f"plans from a separate {args.profile_batches}-batch "
                 f"profile. Replay took {result['replay_seconds']:.0f} s."
                 f"\n\n" + summary_markdown(result) + "\n")
-    with atomic_path(out / f"{stem}.md") as tmp:
-        tmp.write_text(markdown)
+    write_results(result, markdown, out / f"{stem}.json")
     print(markdown)
     return result

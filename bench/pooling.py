@@ -29,8 +29,6 @@ MODELS = ["hap", "gin", "topk", "sagpool", "diffpool"]
 #: Every model's search, as in the GIN paper (Xu et al. 2019): batch
 #: size {32, 128} x dropout {0, 0.5}; the epoch by early stopping.
 GRID = "batch_size=32,128;dropout=0,0.5"
-GRID_KEYS = {"batch_size": int, "dropout": float, "lr": float,
-             "hidden": int, "weight_decay": float}
 # Relative cost of one epoch (measured on 2 cores), to start big jobs first.
 COST = {"DD": 20.0, "NCI1": 8.0, "NCI109": 8.0, "Mutagenicity": 8.0,
         "PROTEINS": 3.0, "AIDS": 2.0, "ENZYMES": 1.5, "IMDB-BINARY": 1.5,
@@ -41,29 +39,6 @@ WINS_NEEDED = 7
 PUBLISHED = json.loads(Path(__file__).with_name("pooling_published.json")
                        .read_text(encoding="utf-8"))
 SETTINGS = ("folds", "epochs", "patience", "hidden", "lr", "seed", "grid")
-
-
-def parse_grid(text: str) -> list[dict]:
-    """``"batch_size=32,128;dropout=0,0.5"`` -> the product, as dicts."""
-    axes = {}
-    for part in filter(None, text.split(";")):
-        key, _, values = part.partition("=")
-        if key not in GRID_KEYS or not values:
-            raise SystemExit(f"--grid: {part!r} is not KEY=V1,V2 with KEY "
-                             f"one of {', '.join(GRID_KEYS)}")
-        try:
-            axes[key] = [GRID_KEYS[key](v) for v in values.split(",")]
-        except ValueError:
-            raise SystemExit(f"--grid: {part!r} has a value that is not "
-                             f"{GRID_KEYS[key].__name__}") from None
-    return [dict(zip(axes, combo, strict=True))
-            for combo in itertools.product(*axes.values())]
-
-
-def config_name(overrides: dict) -> str:
-    """``{"batch_size": 32, "dropout": 0.5}`` -> ``"batch_size=32
-    dropout=0.5"``."""
-    return " ".join(f"{k}={v:g}" for k, v in overrides.items()) or "fixed"
 
 
 def _job(dataset, model, settings, root, threads):
@@ -97,27 +72,19 @@ def _max_folds(text, folds):
 
 def select_on_validation(records):
     """Per (dataset, model): each fold's pick among the model's
-    configurations on validation (ties: lower validation loss, then the
-    first in the grid), ``{(dataset, model): {"summary", "picks"}}``, over
-    the folds every configuration ran. The test fold takes no part."""
+    configurations on validation (`hmgraph.selection.select_per_fold`),
+    ``{(dataset, model): {"summary", "picks"}}``. The test fold takes no
+    part."""
     from hmgraph.classify import summarize
+    from hmgraph.selection import select_per_fold
 
     groups = {}
-    for r in records:
+    for r in sorted(records, key=lambda r: r["grid_index"]):
         groups.setdefault((r["dataset"], r["model"]), []).append(r)
-    out = {}
-    for key, runs in groups.items():
-        runs.sort(key=lambda r: r["grid_index"])
-        folds = min(len(r["folds"]) for r in runs)
-        picks, chosen = {}, []
-        for fold in range(folds):
-            best = max(runs, key=lambda r: (
-                r["folds"][fold]["valid"], -r["folds"][fold]["valid_loss"],
-                -r["grid_index"]))
-            chosen.append(best["folds"][fold])
-            picks[best["name"]] = picks.get(best["name"], 0) + 1
-        out[key] = {"summary": summarize(chosen), "picks": picks}
-    return out
+    return {key: {"summary": summarize(picked["records"]),
+                  "picks": picked["picks"]}
+            for key, picked in ((k, select_per_fold(runs))
+                                for k, runs in groups.items())}
 
 
 def targets(records, datasets, selected) -> dict:
@@ -325,6 +292,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     from hmgraph.distributed.worker import watch_parent
+    from hmgraph.selection import config_name, parse_grid
 
     if args.render or args.merge:
         report = merge(args.merge) if args.merge else json.loads(
@@ -337,7 +305,10 @@ def main(argv=None) -> int:
         print(markdown(report))
         return 0
     datasets, models = args.datasets.split(","), args.models.split(",")
-    grid = parse_grid(args.grid)
+    try:
+        grid = parse_grid(args.grid)
+    except ValueError as err:
+        raise SystemExit(f"--grid: {err}") from None
     folds_run = _max_folds(args.max_folds, args.folds)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,17 +22,16 @@ def record(dataset, model, folds, index=0, majority=0.5):
 
 
 def test_grid_is_the_product_and_every_model_gets_it():
-    grid = bench.parse_grid(bench.GRID)
+    from hmgraph.selection import config_name, parse_grid
+
+    grid = parse_grid(bench.GRID)
     assert grid == [{"batch_size": 32, "dropout": 0.0},
                     {"batch_size": 32, "dropout": 0.5},
                     {"batch_size": 128, "dropout": 0.0},
                     {"batch_size": 128, "dropout": 0.5}]
-    assert bench.config_name(grid[1]) == "batch_size=32 dropout=0.5"
-    with pytest.raises(SystemExit, match="'ratio=1' is not KEY=V1,V2"):
-        bench.parse_grid("ratio=1")
-    with pytest.raises(SystemExit, match="'batch_size=32,x' has a value "
-                       "that is not int"):
-        bench.parse_grid("batch_size=32,x")
+    assert config_name(grid[1]) == "batch_size=32 dropout=0.5"
+    with pytest.raises(SystemExit, match="--grid: grid axis 'ratio=1'"):
+        bench.main(["--grid", "ratio=1", "--datasets", "MUTAG"])
 
 
 def test_each_fold_picks_the_best_validation_configuration():

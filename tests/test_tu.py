@@ -219,6 +219,53 @@ def test_classify_run_on_mutag(shared_data, tmp_path):
     assert "| **mean ± std** |" in (tmp_path / "result.md").read_text()
 
 
+def test_classify_grid_picks_per_fold_on_validation(shared_data, tmp_path,
+                                                   capsys):
+    """``hmgraph classify --grid``: every configuration runs the same
+    folds; each fold's pick is the best on validation and its test score
+    is that configuration's on that fold."""
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args([
+        "classify", "--dataset", "MUTAG", "--root", str(shared_data),
+        "--model", "gin", "--max-folds", "2", "--epochs", "2",
+        "--patience", "1", "--hidden", "8", "--no-progress",
+        "--grid", "batch_size=32,128;dropout=0,0.5", "--out",
+        str(tmp_path)])
+    assert command(args) == 0
+    result = json.loads((tmp_path / "result.json").read_text())
+    names = [r["name"] for r in result["runs"]]
+    assert names == ["batch_size=32 dropout=0", "batch_size=32 dropout=0.5",
+                     "batch_size=128 dropout=0", "batch_size=128 dropout=0.5"]
+    runs = {name: json.loads((tmp_path / name.replace(" ", "-")
+                              / "result.json").read_text())
+            for name in names}
+    assert sum(result["picks"].values()) == len(result["folds"]) == 2
+    for fold in result["folds"]:
+        pick = runs[fold["pick"]]["folds"][fold["fold"]]
+        assert fold["test"] == pick["test"]
+        assert pick["valid"] == max(r["folds"][fold["fold"]]["valid"]
+                                    for r in runs.values())
+    assert runs["batch_size=32 dropout=0.5"]["config"]["dropout"] == 0.5
+    assert "| configuration | folds picked |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("grid, words", [
+    ("ratio=1", "'ratio=1' is not KEY=V1,V2"),
+    ("batch_size=32,x", "'batch_size=32,x': 'x' is not a positive integer"),
+    ("dropout=0,1", "'dropout=0,1': '1' is not a number in [0, 1)"),
+    ("lr=0.1;lr=0.2", "'lr=0.2' is not KEY=V1,V2"),
+])
+def test_classify_grid_refuses_bad_axes_before_loading(tmp_path, grid,
+                                                       words):
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["classify", "--dataset", "NOPE", "--root",
+                              str(tmp_path), "--grid", grid])
+    with pytest.raises(ValueError, match=re.escape(words)):
+        command(args)
+
+
 def test_ogb_molbace_from_read_only_copy(shared_data, tmp_path,
                                          monkeypatch):
     """A folder without write bits is copied to hmgraph's cache, where ogb

@@ -219,9 +219,12 @@ class FeatureCache(Feature):
         host = sum(layer.policy.metadata_nbytes() for layer in self.layers)
         stores = self.stores + ([self.staging] if self.staging is not None
                                 else [])
+        tables = {}  # by storage: the tiers of a layer share one slot_of
         for store in stores:
             for table in (store.slot_of, store.id_of, store.free):
-                host += table.untyped_storage().nbytes()
+                storage = table.untyped_storage()
+                tables[storage.data_ptr() or id(table)] = storage.nbytes()
+        host += sum(tables.values())
         if self.staging is not None:
             host += self._marks.untyped_storage().nbytes()
         return {"host": host, "device": 0}

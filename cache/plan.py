@@ -36,7 +36,7 @@ from hmgraph.cache.coordinated import MARK_BYTES, FeatureCache, Layer
 from hmgraph.cache.feature import Feature
 from hmgraph.cache.policies import POLICIES, make_policy
 from hmgraph.cache.reuse import TABLE_BYTES_PER_ROW, reuse_profile
-from hmgraph.cache.slots import SlotStore
+from hmgraph.cache.slots import SlotStore, SlotTable
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,10 @@ def _metadata_parts(policy, num_rows, device_rows, host_rows,
     for capacity in layers:
         per_node += cls.node_bytes
         slots += cls.slot_bytes * capacity
-    for capacity in stores + ([staging_rows] if staging_rows > 0 else []):
+    # One id -> slot table per store; the tiers of a shared layer share
+    # theirs (`SlotTable`).
+    tables = [sum(stores)] if policy in SHARED_LAYER and stores else stores
+    for capacity in tables + ([staging_rows] if staging_rows > 0 else []):
         per_node += store_metadata_bytes(1, capacity) - 16 * capacity
         slots += 16 * capacity
     if staging_rows > 0:
@@ -520,16 +523,19 @@ def build_cache(source: Feature, plan: CachePlan, device="cpu", *,
     device = torch.device(device)
     n, shape, dtype = source.num_rows, source.row_shape, source.dtype
     # Stores without rows are not built: their tables cost 4 B per node.
+    # The tiers of one exclusive layer share one id -> slot table.
+    both = plan.device_rows + plan.host_rows
+    table = SlotTable(n, both) if plan.policy in SHARED_LAYER else None
     stores = []
     if plan.device_rows and plan.policy != "none":
         stores.append(SlotStore("device", n, shape, dtype, plan.device_rows,
-                                device))
+                                device, table=table))
     if plan.host_rows and plan.policy != "none":
         stores.append(SlotStore("host", n, shape, dtype, plan.host_rows,
-                                "cpu", pin=device.type == "cuda"))
+                                "cpu", pin=device.type == "cuda",
+                                table=table))
     context = {"degrees": degrees, "hotness": counts,
                "hop_counts": hop_counts}
-    both = plan.device_rows + plan.host_rows
     if not stores:
         layers = []
     elif plan.policy == "hmgraph":

@@ -61,6 +61,7 @@ __all__ = [
 
 _EMPTY = torch.zeros(0, dtype=torch.int64)
 _NEVER = torch.iinfo(torch.int64).max
+_NEVER_NEAR = torch.iinfo(torch.int32).max  # HMGraphPolicy's next_use
 
 
 @dataclass
@@ -424,8 +425,8 @@ class HMGraphPolicy(Policy):
 
     name = "hmgraph"
     looks_ahead = True
-    # resident, static, cold_rank (int32), next_use
-    node_bytes = 1 + 1 + 4 + 8
+    # resident, static, cold_rank and next_use (int32 each)
+    node_bytes = 1 + 1 + 4 + 4
     slot_bytes = 8  # the dynamic region's ids, the static ids
 
     def __init__(self, num_rows, capacity, *, hotness=None, static_rows=0,
@@ -448,7 +449,10 @@ class HMGraphPolicy(Policy):
         rank_dtype = torch.int32 if num_rows < 2**31 else torch.int64
         self.cold_rank = torch.empty(num_rows, dtype=rank_dtype)
         self.cold_rank[order] = torch.arange(num_rows, dtype=rank_dtype)
-        self.next_use = torch.full((num_rows,), _NEVER, dtype=torch.int64)
+        # Distance to the next use inside the window (1..window), or
+        # `_NEVER_NEAR`: int32 is plenty and halves the per-node bytes.
+        self.next_use = torch.full((num_rows,), _NEVER_NEAR,
+                                   dtype=torch.int32)
         self._held = _EMPTY  # ids in the dynamic region
 
     def warm(self) -> torch.Tensor:
@@ -458,9 +462,9 @@ class HMGraphPolicy(Policy):
 
     def _keys(self, ids: torch.Tensor) -> torch.Tensor:
         """Smaller is sooner: next use in the window, then hotness."""
-        near = self.next_use[ids]
+        near = self.next_use[ids].long()
         beyond = self.window + 1 + self.cold_rank[ids].long()
-        return torch.where(near == _NEVER, beyond, near)
+        return torch.where(near == _NEVER_NEAR, beyond, near)
 
     def _step(self, ids, hit, future) -> Step:
         future = list(future)[: self.window]
@@ -470,7 +474,7 @@ class HMGraphPolicy(Policy):
             return self._choose(ids, hit)
         finally:
             for batch in future:
-                self.next_use[batch] = _NEVER
+                self.next_use[batch] = _NEVER_NEAR
 
     def _choose(self, ids, hit) -> Step:
         dynamic_capacity = self.capacity - self.static_rows
@@ -504,6 +508,8 @@ class BeladyPolicy(HMGraphPolicy):
         super().__init__(num_rows, capacity,
                          hotness=torch.zeros(num_rows), static_rows=0,
                          window=0)
+        # Batch indices of the whole trace, not distances in a window.
+        self.next_use = torch.full((num_rows,), _NEVER, dtype=torch.int64)
         self._next = None
         self._position = 0
 

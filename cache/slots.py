@@ -6,13 +6,46 @@ device). Which id sits in which slot is kept in two tables (id -> slot,
 slot -> id) and the free slots in a stack. Inserting and removing rows are
 vectorised tensor operations in O(rows touched): no per-id Python work, no
 fragmentation, no reallocation while training.
+
+Stores that never hold the same id (the tiers of one exclusive cache
+layer) can share one id -> slot table (`SlotTable`): each owns a range of
+its slot numbers, so the per-node cost is 4 bytes for all of them instead
+of 4 bytes each.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["SlotStore"]
+__all__ = ["SlotStore", "SlotTable"]
+
+
+class SlotTable:
+    """One id -> slot table for stores that never hold the same id.
+
+    Parameters
+    ----------
+    num_rows : int
+        Rows of the feature matrix.
+    slots : int
+        Slots of all the stores together; each store is given its
+        ``offset`` (the first of its numbers) by `share`.
+    """
+
+    def __init__(self, num_rows: int, slots: int):
+        dtype = torch.int32 if slots < 2**31 else torch.int64
+        self.table = torch.full((num_rows,), -1, dtype=dtype)
+        self._next = 0
+        self.slots = slots
+
+    def share(self, capacity: int) -> tuple[torch.Tensor, int]:
+        """The table and the offset of a store of ``capacity`` slots."""
+        offset = self._next
+        self._next += capacity
+        if self._next > self.slots:
+            raise ValueError(f"the table's {self.slots} slots are taken; "
+                             f"cannot give {capacity} more")
+        return self.table, offset
 
 
 class SlotStore:
@@ -34,10 +67,13 @@ class SlotStore:
         Where the buffer lives.
     pin : bool
         Pin the buffer (host memory feeding a GPU).
+    table : SlotTable, optional
+        An id -> slot table shared with stores that never hold the same
+        ids; by default the store has its own.
     """
 
     def __init__(self, name, num_rows, row_shape, dtype, capacity,
-                 device="cpu", pin=False):
+                 device="cpu", pin=False, table=None):
         if capacity < 0:
             raise ValueError(f"{name} capacity {capacity} is negative")
         self.name = name
@@ -46,8 +82,11 @@ class SlotStore:
         self.buffer = torch.empty((capacity, *row_shape), dtype=dtype,
                                   device=self.device,
                                   pin_memory=pin and capacity > 0)
-        table_dtype = torch.int32 if capacity < 2**31 else torch.int64
-        self.slot_of = torch.full((num_rows,), -1, dtype=table_dtype)
+        self._alone = table is None
+        if table is None:
+            table = SlotTable(num_rows, capacity)
+        # This store's numbers in the table: offset .. offset + capacity - 1.
+        self.slot_of, self.offset = table.share(capacity)
         self.id_of = torch.full((capacity,), -1, dtype=torch.int64)
         # Free slots as a stack: the top is free[num_free - 1].
         self.free = torch.arange(capacity - 1, -1, -1, dtype=torch.int64)
@@ -65,7 +104,12 @@ class SlotStore:
 
     def slots(self, ids: torch.Tensor) -> torch.Tensor:
         """Slot of each id (int64, -1 where absent), CPU."""
-        return self.slot_of[ids].long()
+        numbers = self.slot_of[ids].long()
+        if self._alone:
+            return numbers
+        local = numbers - self.offset
+        mine = (numbers >= self.offset) & (local < self.capacity)
+        return torch.where(mine, local, -1)
 
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
         """Rows in ``slots`` (on this store's device)."""
@@ -90,12 +134,12 @@ class SlotStore:
         slots = self.free[self.num_free - count:self.num_free]
         self.num_free -= count
         self.buffer[slots.to(self.device)] = rows.to(self.device)
-        self.slot_of[ids] = slots.to(self.slot_of.dtype)
+        self.slot_of[ids] = (slots + self.offset).to(self.slot_of.dtype)
         self.id_of[slots] = ids
 
     def remove(self, ids: torch.Tensor) -> torch.Tensor:
         """Free the slots of those ``ids`` held here; return the ids freed."""
-        slots = self.slot_of[ids].long()
+        slots = self.slots(ids)
         held = slots >= 0
         slots, ids = slots[held], ids[held]
         count = slots.numel()

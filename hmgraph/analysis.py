@@ -579,7 +579,10 @@ def run(args) -> dict:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"analyze-{args.dataset}"
+    # One file per (dataset, sampler): a cluster trace does not overwrite
+    # the neighbour sampler's.
+    stem = f"analyze-{args.dataset}" + (
+        "" if args.sampler == "neighbor" else f"-{args.sampler}")
     result["plots"] = [str(p) for p in plot_analysis(result, out, stem)]
     markdown = (f"# Cache-hit analysis: {args.dataset}\n\n"
                 f"{batches} batches of {args.batch_size} seeds, "

@@ -134,6 +134,20 @@ def test_analyze_command(data_root, tiny, tmp_path, capsys):
         {(r["layout"], r["block_bytes"]) for r in result["no_cache_bytes"]})
 
 
+def test_analyze_cluster_trace_has_its_own_files(data_root, tmp_path):
+    code = main(["analyze", "--dataset", "synth-tiny", "--root",
+                 str(data_root), "--batch-size", "256", "--budgets", "5,20",
+                 "--profile-batches", "2", "--sampler", "cluster",
+                 "--clusters", "8", "--out", str(tmp_path)])
+    assert code == 0
+    result = json.loads(
+        (tmp_path / "analyze-synth-tiny-cluster.json").read_text())
+    assert result["config"]["sampler"] == "cluster"
+    assert result["commit"]["sha"]
+    assert not (tmp_path / "analyze-synth-tiny.json").exists()
+    assert (tmp_path / "analyze-synth-tiny-cluster-hit-rate.png").exists()
+
+
 def test_analyze_rejects_bad_budgets(capsys):
     with pytest.raises(SystemExit):
         main(["analyze", "--budgets", "5,0"])

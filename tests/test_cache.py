@@ -245,7 +245,7 @@ def store_ids_are_consistent(cache) -> bool:
     for store in cache.stores:
         held = store.id_of[store.id_of >= 0]
         assert held.numel() == store.size
-        assert torch.equal(store.slot_of[held].long(),
+        assert torch.equal(store.slots(held),
                            (store.id_of >= 0).nonzero().squeeze(1))
         seen[held] += 1
         # Every held row is the file's row.
@@ -286,10 +286,10 @@ def test_hmgraph_plan_is_chosen_from_the_profile(rows):
     counts = torch.zeros(NUM_ROWS, dtype=torch.int64)
     for ids in trace:
         counts[ids] += 1
-    # hmgraph's bookkeeping: per node 14 B of policy state and a 4 B
-    # id -> slot table per store; per row 8 B of held ids, 16 B of slot
-    # tables.
-    metadata = NUM_ROWS * (14 + 4 + 4) + (20 + 60) * (8 + 16)
+    # hmgraph's bookkeeping: per node 10 B of policy state and the 4 B
+    # id -> slot table its two stores share; per row 8 B of held ids, 16 B
+    # of slot tables.
+    metadata = NUM_ROWS * (10 + 4) + (20 + 60) * (8 + 16)
     plan = make_plan("hmgraph", NUM_ROWS, 28, 20 * 28, 60 * 28 + metadata,
                      counts=counts, trace=trace, window=2)
     assert len(plan.curve) > 2
@@ -500,15 +500,16 @@ def test_staging_is_charged_to_the_host_budget():
 # Bookkeeping (metadata) is charged to the host budget it lives in.
 
 #: Per policy: host bytes per node (policy state, then a 4 B id -> slot
-#: table per store) and per cached row (policy state, then 16 B of slot
-#: tables), as the classes allocate them, written out independently.
+#: table per store, one for both stores of a shared layer) and per cached
+#: row (policy state, then 16 B of slot tables), as the classes allocate
+#: them, written out independently.
 METADATA = {
     # (policy bytes per node, per row; layers: one over both stores or
     # one per store)
     "degree": (1, 8, "one"),        # resident; held ids
     "presample": (1, 8, "one"),
     "layer-aware": (1, 8, "one"),
-    "hmgraph": (1 + 1 + 4 + 8, 8, "one"),  # resident, static, rank, next
+    "hmgraph": (1 + 1 + 4 + 4, 8, "one"),  # resident, static, rank, next
     "lru": (1 + 8, 16, "each"),     # resident, last use; 2x groups
     "clock": (1 + 8, 8 + 1, "each"),  # resident, slot of; slots, bits
 }
@@ -522,8 +523,8 @@ def test_metadata_is_counted_against_the_host_budget(rows, feature_path,
     charged, and its rows stay those of the file."""
     node, slot, layers = METADATA[policy]
     row_bytes, device_rows, budget = 28, 20, 20_000
-    stores = 2  # device and host
-    per_node = node * (1 if layers == "one" else stores) + 4 * stores
+    stores = 2  # device and host: a policy and a table each, or shared
+    per_node = (node + 4) * (1 if layers == "one" else stores)
     per_row = slot + 16
     trace = profile_trace()
     counts = torch.zeros(NUM_ROWS, dtype=torch.int64)
@@ -565,7 +566,7 @@ def test_metadata_is_counted_against_the_host_budget(rows, feature_path,
 def test_host_budget_below_the_metadata_is_refused_in_one_line():
     num_rows = 100_000
     counts = torch.zeros(num_rows)
-    # hmgraph with a host tier only: 14 B of policy state and the host
+    # hmgraph with a host tier only: 10 B of policy state and the host
     # store's 4 B table per node; the least budget adds one row and its
     # 8 + 16 B of slot bookkeeping.
     with pytest.raises(ValueError) as info:
@@ -573,10 +574,10 @@ def test_host_budget_below_the_metadata_is_refused_in_one_line():
     message = str(info.value)
     assert "\n" not in message
     assert message == (
-        "host budget 1.0 MB cannot hold the cache's metadata of 1.80 MB "
-        "(18 B per node x 100,000 nodes); give at least 1.81 MB")
-    least = 18 * num_rows + 8 + 16 + 400
-    assert least <= parse_budget("1.81MB")
+        "host budget 1.0 MB cannot hold the cache's metadata of 1.40 MB "
+        "(14 B per node x 100,000 nodes); give at least 1.41 MB")
+    least = 14 * num_rows + 8 + 16 + 400
+    assert least <= parse_budget("1.41MB")
     plan = make_plan("hmgraph", num_rows, 400, 0, least, counts=counts)
     assert plan.host_rows == 1
     assert plan.as_dict()["metadata_bytes"]["host"] == least - 400

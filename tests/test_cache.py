@@ -607,3 +607,27 @@ def test_metadata_without_a_host_budget_is_reported_unbudgeted():
         1000 * (9 + 4) + 50 * (16 + 16)
     none = make_plan("none", 1000, 100, 10**6, 10**6)
     assert none.as_dict()["metadata_bytes"] == {"device": 0, "host": 0}
+
+
+def test_tiers_of_one_layer_share_one_slot_table():
+    """Two stores on one `SlotTable`: each finds only its own rows, frees
+    only its own, and the table costs 4 B per node once."""
+    from hmgraph.cache.slots import SlotStore, SlotTable
+
+    table = SlotTable(10, 5)
+    device = SlotStore("device", 10, (1,), torch.float32, 2, table=table)
+    host = SlotStore("host", 10, (1,), torch.float32, 3, table=table)
+    assert device.slot_of is host.slot_of and device.slot_of.dtype == \
+        torch.int32
+    device.insert(torch.tensor([4, 7]), torch.tensor([[4.0], [7.0]]))
+    host.insert(torch.tensor([1, 9]), torch.tensor([[1.0], [9.0]]))
+    ids = torch.tensor([1, 4, 7, 9, 0])
+    assert device.slots(ids).tolist() == [-1, 1, 0, -1, -1]
+    assert host.slots(ids).tolist() == [1, -1, -1, 0, -1]
+    assert host.gather(host.slots(torch.tensor([9, 1]))).flatten().tolist() \
+        == [9.0, 1.0]
+    assert device.remove(torch.tensor([1, 4])).tolist() == [4]  # 1: host's
+    assert host.slots(torch.tensor([1])).tolist() == [1]
+    assert device.slots(torch.tensor([4, 7])).tolist() == [-1, 0]
+    with pytest.raises(ValueError, match="slots are taken"):
+        SlotStore("more", 10, (1,), torch.float32, 1, table=table)

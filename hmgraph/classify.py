@@ -426,7 +426,7 @@ def summarize(records: list[dict]) -> dict:
 
 def format_markdown(result: dict) -> str:
     """The result as a markdown table: one row per fold, then mean ± std;
-    after a grid search (`hmgraph.selection.run_grid`), each fold's pick
+    after a grid search (`run_grid`), each fold's pick
     and every configuration's own mean."""
     metric, summary = result["metric"], result["summary"]
     scale = 100.0 if metric == "acc" else 1.0

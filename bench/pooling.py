@@ -81,10 +81,12 @@ def select_on_validation(records):
     groups = {}
     for r in sorted(records, key=lambda r: r["grid_index"]):
         groups.setdefault((r["dataset"], r["model"]), []).append(r)
-    return {key: {"summary": summarize(picked["records"]),
-                  "picks": picked["picks"]}
-            for key, picked in ((k, select_per_fold(runs))
-                                for k, runs in groups.items())}
+    out = {}
+    for key, runs in groups.items():
+        picked = select_per_fold(runs)
+        out[key] = {"summary": summarize(picked["records"]),
+                    "picks": picked["picks"]}
+    return out
 
 
 def targets(records, datasets, selected) -> dict:

@@ -82,11 +82,13 @@ class SlotStore:
         self.buffer = torch.empty((capacity, *row_shape), dtype=dtype,
                                   device=self.device,
                                   pin_memory=pin and capacity > 0)
-        self._alone = table is None
         if table is None:
             table = SlotTable(num_rows, capacity)
         # This store's numbers in the table: offset .. offset + capacity - 1.
         self.slot_of, self.offset = table.share(capacity)
+        # Holding every number of the table (its own, or a shared one with
+        # no other store), a lookup needs no range check.
+        self._alone = self.offset == 0 and capacity == table.slots
         self.id_of = torch.full((capacity,), -1, dtype=torch.int64)
         # Free slots as a stack: the top is free[num_free - 1].
         self.free = torch.arange(capacity - 1, -1, -1, dtype=torch.int64)

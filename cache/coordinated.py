@@ -238,6 +238,19 @@ class FeatureCache(Feature):
             _add(held, "staged", self.staging.nbytes)
         return held
 
+    def static_on_device(self) -> torch.Tensor | None:
+        """Which rows this cache serves on ``device`` for good: those of
+        static layers (`Policy.is_static`) held in a store there. A bool per
+        row on ``device``, or None where no such store holds rows."""
+        held = [store.id_of[store.id_of >= 0] for layer in self.layers
+                if layer.policy.is_static for store in layer.stores
+                if store.device == self.device and store.size]
+        if not held:
+            return None
+        mask = torch.zeros(self.num_rows, dtype=torch.bool)
+        mask[torch.cat(held)] = True
+        return mask.to(self.device)
+
     def read(self, ids, future: Sequence[torch.Tensor] = ()) -> torch.Tensor:
         """See `Feature.read`.
 

@@ -97,6 +97,8 @@ class Policy(ABC):
     name = "policy"
     #: Whether `step` uses the ids of the batches ahead.
     looks_ahead = False
+    #: Whether the rows held after `warm` are held for good.
+    is_static = False
     #: Host bytes of bookkeeping per node of the graph (``resident``).
     node_bytes = 1
     #: Host bytes of bookkeeping per row of capacity.
@@ -198,6 +200,7 @@ class NoCachePolicy(Policy):
 class _StaticPolicy(Policy):
     """Holds the ``capacity`` rows of highest score, never changes."""
 
+    is_static = True
     slot_bytes = 8  # the held ids
 
     def __init__(self, num_rows: int, capacity: int, score: torch.Tensor):

@@ -16,6 +16,12 @@ latest batch only. The ids left for the cache
 below go to it sorted, so that it neither sorts them nor reorders its
 rows.
 
+Rows the cache below holds on the device for good (its static device
+tier, `FeatureCache.static_on_device`) cost no transfer: the buffers
+never keep them, and leave their room to the rows that would cross. They
+carry a mark in the batch table that no batch counter reaches, set at
+`BatchReuse.reset`, so the mark takes no memory of its own.
+
 A batch keeps only the rows a coming batch needs. The loader passes the
 next batches' ids (``future``, its lookahead window); a third int32 per
 node stamps the ids of the next ``levels`` batches, and the rows of this
@@ -49,6 +55,7 @@ REUSE_LEVELS = {"none": 0, "one-level": 1, "two-level": 2}
 #: batch, lookahead stamp).
 TABLE_BYTES_PER_ROW = 12
 _NEVER = -(2**31)  # the batch counter of rows never stored
+_RESIDENT = 2**31 - 1  # ... of rows the cache below holds on the device
 _WRAP = 2**29  # restart the counter (and clear the tables) here: stamps
 # are 4 x the counter
 
@@ -238,6 +245,10 @@ class BatchReuse(Feature):
     def reset(self) -> None:
         """Forget the buffered batches."""
         self._batch_of.fill_(_NEVER)
+        resident = getattr(self.inner, "static_on_device", None)
+        resident = resident() if resident is not None else None
+        if resident is not None:
+            self._batch_of.masked_fill_(resident, _RESIDENT)
         self._stamp.fill_(_NEVER)
         self._batch = 0
         # Per level (last batch, the one before): where its rows start in
@@ -324,8 +335,9 @@ class BatchReuse(Feature):
         copy = time.perf_counter()
         out = self._pool.index_select(0, source)
         self.stats.copy_seconds += time.perf_counter() - copy
-        # (4) Keep copies (the caller may write into `out`).
-        self._keep(ids, out, future)
+        # (4) Keep copies (the caller may write into `out`), but not of
+        # rows the cache below serves on the device anyway.
+        self._keep(ids, out, future, batch_of != _RESIDENT)
         self.stats.rows_requested += ids.numel()
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.nbytes)
         self.stats.staging_bytes = self.staging_bytes
@@ -343,9 +355,10 @@ class BatchReuse(Feature):
             self._pool = pool
         return self._pool[ring:ring + rows]
 
-    def _keep(self, ids, out, future) -> None:
+    def _keep(self, ids, out, future, movable) -> None:
         """Keep the rows of ``out`` that the next ``levels`` batches ask
         for (the next batch's first); without ``future``, the first rows.
+        Only rows where ``movable`` (bool per id) are kept.
 
         The last batch becomes the older level with only its rows for the
         batch after next (where they are), and the levels share
@@ -367,13 +380,13 @@ class BatchReuse(Feature):
                 self._stamp.index_fill_(
                     0, coming[distance].to(self.device), stamp - distance)
             seen = self._stamp.index_select(0, ids)
-            keep = [(seen == stamp - d).nonzero().squeeze(1)
+            keep = [((seen == stamp - d) & movable).nonzero().squeeze(1)
                     for d in range(len(coming))]
             next_only = min(keep[0].numel(), room)
             keep = torch.cat(keep)[:room]
         else:
             next_only = 0
-            keep = torch.arange(min(ids.numel(), room), device=self.device)
+            keep = movable.nonzero().squeeze(1)[:room]
         copy = time.perf_counter()
         count = keep.numel()
         if count:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import hmgraph
 from hmgraph.analysis import reuse_filtered
-from hmgraph.cache.coordinated import FeatureCache
+from hmgraph.cache.coordinated import FeatureCache, Layer
 from hmgraph.cache.feature import TensorFeature
 from hmgraph.cache.plan import make_plan, replay_hits
 from hmgraph.cache.policies import make_policy
@@ -24,6 +24,7 @@ from hmgraph.cache.reuse import (
     member,
     reuse_profile,
 )
+from hmgraph.cache.slots import SlotStore
 from hmgraph.samplers.presample import Profile, presample
 
 NUM_ROWS = 300
@@ -166,6 +167,35 @@ def test_lookahead_keeps_the_next_batch_first_when_tight():
     assert reuse.stats.reused == {"level1": 1, "level2": 1}
 
 
+def test_rows_a_static_device_tier_holds_are_never_buffered():
+    """Over a cache whose static device tier holds rows, reuse leaves
+    them to the tier (no transfer to save) and buffers only the others;
+    rows stay exact, and reset keeps the tier's rows out."""
+    rows = reference()
+    hot = torch.zeros(NUM_ROWS)
+    hot[:10] = 1.0  # rows 0..9 on the device for good
+    layer = Layer(make_policy("presample", NUM_ROWS, 10, hotness=hot),
+                  [SlotStore("device", NUM_ROWS, (5,), torch.float32, 10)])
+    cache = FeatureCache(TensorFeature(torch.from_numpy(rows)), [layer])
+    assert cache.static_on_device().nonzero().squeeze(1).tolist() == \
+        list(range(10))
+    reuse = BatchReuse(cache, 2, NUM_ROWS)
+    batches = [torch.arange(0, 30), torch.arange(5, 35),
+               torch.arange(8, 40)]
+    for step, ids in enumerate(batches):
+        assert np.array_equal(reuse.read(ids, batches[step + 1:]).numpy(),
+                              rows[ids.numpy()])
+        kept = _held_ids(reuse, reuse.level_rows(1))
+        assert kept.numel() and int(kept.min()) >= 10
+        if step == 0:
+            reuse.reset()
+            assert reuse.held_rows == 0
+    # After the reset batch 1 reuses nothing; batch 2 asks 8..39: 8, 9
+    # from the tier, 10..34 from level 1.
+    assert reuse.stats.reused == {"level1": 25, "level2": 0}
+    assert cache.stats.hits["device"] == 10 + 5 + 2
+
+
 def test_plan_takes_reuse_out_of_the_device_budget():
     trace = [torch.arange(i, i + 40) for i in range(0, 100, 20)]
     counts = torch.zeros(NUM_ROWS, dtype=torch.int64)
@@ -191,7 +221,7 @@ SEED_ORDERS = {"shuffled": True, "in-order": False}
 
 
 @pytest.mark.parametrize("reuse", ["one-level", "two-level"])
-@pytest.mark.parametrize("cache", [None, "hmgraph", "lru"])
+@pytest.mark.parametrize("cache", [None, "hmgraph", "lru", "presample"])
 @pytest.mark.parametrize("shuffle", SEED_ORDERS.values(),
                          ids=SEED_ORDERS.keys())
 def test_loader_with_reuse_returns_file_rows(tiny, reuse, cache, shuffle):

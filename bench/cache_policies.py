@@ -17,6 +17,8 @@ import time
 
 import common
 
+from hmgraph.args import budget_text, name_list
+
 POLICIES = ("none", "degree", "presample", "lru", "clock", "hmgraph")
 LAYOUTS = ("file", "hot-first")
 IN_MEMORY, FLOOR = "dgl in-memory", "dgl memmap floor"
@@ -39,15 +41,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_quick_arguments(parser, FULL, QUICK, "train on a seeded "
                                "subset of max-batches x batch-size seeds")
     add = parser.add_argument
-    add("--device-budget", default="5%", type=common.budget,
+    add("--device-budget", default="5%", type=budget_text,
         help="share of the feature bytes (5%%) or bytes with a unit")
     add("--host-budgets", default="10%,20%",
-        type=common.names(check=common.budget))
+        type=name_list(check=budget_text))
     add("--policies", default=",".join(POLICIES),
-        type=common.names(POLICIES))
-    add("--layouts", default=",".join(LAYOUTS), type=common.names(LAYOUTS))
+        type=name_list(POLICIES))
+    add("--layouts", default=",".join(LAYOUTS), type=name_list(LAYOUTS))
     add("--baselines", default=",".join(BASELINES),
-        type=common.names((*BASELINES, "none")),
+        type=name_list((*BASELINES, "none")),
         help="in-memory, memmap-floor, or none")
     add("--staging", type=fraction, default=None,
         help="share of the host budget staged for window read planning "

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import common
 
+from hmgraph.args import name_list
+
 PARTS = ("sampling", "storage", "accuracy")
 DGL = "dgl NeighborSampler"
 TRAIN_GROUP_SIZE = 4
@@ -55,7 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--eval-every", type=positive_int, default=1)
     add("--cora-root", default="../shared/data",
         help="folder holding Cora/; '' skips Cora")
-    add("--parts", type=common.names(PARTS), default=list(PARTS),
+    add("--parts", type=name_list(PARTS), default=list(PARTS),
         help="storage runs sampling too")
     args = common.finish_args(parser, parser.parse_args(argv), DEFAULTS,
                               QUICK)

@@ -4,7 +4,8 @@ The harness they share is `hmgraph.benchmark` (``hmgraph bench`` runs the
 very same code); its public names are read through this module
 (``common.dgl_epoch`` is `hmgraph.benchmark.dgl_epoch`). Here: the
 workload flags (`add_bench_arguments`, `add_quick_arguments`,
-`finish_args`, `names`, `budget`, `settings`).
+`finish_args`, `settings`); their argparse types are
+`hmgraph.args`'.
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ import argparse
 from pathlib import Path
 
 from hmgraph import benchmark
-from hmgraph.args import non_negative_int, parse_fanouts, positive_int
+from hmgraph.args import (
+    name_list,
+    non_negative_int,
+    parse_fanouts,
+    positive_int,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -42,7 +48,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser, *,
     if dataset is not None:
         add("--dataset", default=dataset)
     if datasets is not None:
-        add("--datasets", default=datasets, type=names(),
+        add("--datasets", default=datasets, type=name_list(),
             help=f"comma-separated dataset names (default: {datasets})")
     add("--root", default="data", help="folder holding the datasets")
     add("--fanouts", type=parse_fanouts, default=[15, 10, 5],
@@ -94,32 +100,6 @@ def finish_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         parser.error("need a known --dataset, an existing --root and an "
                      "--out ending in .json")
     return args
-
-
-def names(choices=None, check=None):
-    """An argparse type: a comma-separated list of distinct names, each
-    one of ``choices`` where given and passed through ``check``."""
-    def parse(text: str) -> list[str]:
-        items = [part.strip() for part in text.split(",") if part.strip()]
-        wrong = set(items) - set(choices or items)
-        if not items or wrong or len(set(items)) < len(items):
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: give distinct names, comma-separated"
-                + (f", of {', '.join(choices)}" if choices else ""))
-        return [check(item) for item in items] if check else items
-    return parse
-
-
-def budget(text: str) -> str:
-    """An argparse type: a budget (``5%`` of the feature bytes, or bytes
-    with a unit), checked and kept as text."""
-    from hmgraph.cache.budget import parse_budget
-
-    try:
-        parse_budget(text, 1)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return text
 
 
 def settings(args: argparse.Namespace, **more) -> dict:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import common
 
+from hmgraph.args import name_list
+
 GIB = 1 << 30
 CONFIGS = ("dgl memory", "dgl memmap", "dgl memmap-random", "hmgraph")
 
@@ -28,7 +30,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="folder for outofcore.{json,md}")
     add("--max-seconds", type=float, default=900.0, help="stop a DGL epoch "
         "after the batch past this many seconds (0: no cap)")
-    add("--configs", default=",".join(CONFIGS), type=common.names(CONFIGS),
+    add("--configs", default=",".join(CONFIGS), type=name_list(CONFIGS),
         help="configurations to run (dgl memory only where features fit)")
     add("--timeout", type=float, default=3600.0, help="kill a "
         "configuration's process after this many seconds (0: never)")

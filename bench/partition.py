@@ -14,6 +14,8 @@ from pathlib import Path
 
 import common
 
+from hmgraph.args import budget_text
+
 REMOTE_RATIO_MAX = 0.5
 REPLICATION_MAX = 1.5
 
@@ -25,8 +27,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--parts", type=int, default=4)
     parser.add_argument("--clusters-per-part", type=int, default=16)
     parser.add_argument("--replication", type=float, default=0.5)
-    parser.add_argument("--device-budget", default="5%", type=common.budget)
-    parser.add_argument("--host-budget", default="20%", type=common.budget)
+    parser.add_argument("--device-budget", default="5%", type=budget_text)
+    parser.add_argument("--host-budget", default="20%", type=budget_text)
     parser.add_argument("--unequal-budgets", default="40%,20%,20%,20%",
                         help="fast-tier budget per machine for the second "
                         "table; empty to skip it")

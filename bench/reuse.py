@@ -18,6 +18,8 @@ import sys
 
 import common
 
+from hmgraph.args import budget_text
+
 ORDERS = ("shuffled", "cluster")
 NO_REUSE, ONE_LEVEL, TWO_LEVEL, TWO_STATIC, STATIC = (
     "no reuse", "one-level", "two-level", "two-level + static",
@@ -47,7 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     common.add_quick_arguments(
         parser, DEFAULTS, QUICK, "batches per epoch: a seeded subset of the "
         "train split (shuffled), the first seeds of the order (cluster)")
-    parser.add_argument("--device-budget", default="60%", type=common.budget,
+    parser.add_argument("--device-budget", default="60%", type=budget_text,
                         help="device budget of the reuse runs: a share of "
                         "the feature bytes or bytes with a unit")
     return common.finish_args(parser, parser.parse_args(argv), DEFAULTS,

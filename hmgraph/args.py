@@ -27,6 +27,8 @@ import argparse
 
 __all__ = [
     "add_workload_arguments",
+    "budget_text",
+    "name_list",
     "fraction",
     "non_negative_int",
     "parse_budget_shares",
@@ -244,6 +246,49 @@ def parse_budget_shares(text: str) -> list[float]:
             )
         shares.append(value / 100.0)
     return shares
+
+
+def budget_text(text: str) -> str:
+    """A budget (``"5%"`` of the feature bytes, or bytes with a unit such
+    as ``"512MB"``), checked and kept as text: its bytes depend on the
+    dataset, which is not loaded yet.
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        `hmgraph.cache.budget.parse_budget`'s line, e.g. ``invalid budget
+        '5 apples'; use bytes with a unit (512MB, 2GB, 1GiB) or a share of
+        the features (10%)``.
+    """
+    from hmgraph.cache.budget import parse_budget
+
+    try:
+        parse_budget(text, 1)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def name_list(choices=None, check=None):
+    """An argparse type: distinct comma-separated names, each one of
+    ``choices`` where given and passed through ``check`` (another type).
+
+    >>> name_list(["a", "b"])("b,a")
+    ['b', 'a']
+
+    Raises `argparse.ArgumentTypeError` on an empty list, a repeated
+    name or one not in ``choices``: ``'a,c': give distinct names,
+    comma-separated, of a, b``.
+    """
+    def parse(text: str) -> list[str]:
+        items = [part.strip() for part in text.split(",") if part.strip()]
+        wrong = set(items) - set(choices or items)
+        if not items or wrong or len(set(items)) < len(items):
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: give distinct names, comma-separated"
+                + (f", of {', '.join(choices)}" if choices else ""))
+        return [check(item) for item in items] if check else items
+    return parse
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:

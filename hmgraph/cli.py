@@ -12,8 +12,10 @@ import sys
 
 from hmgraph.args import (
     add_workload_arguments,
+    budget_text,
     device_name,
     fraction,
+    name_list,
     non_negative_float,
     non_negative_int,
     parse_budget_shares,
@@ -23,9 +25,7 @@ from hmgraph.args import (
     unit_interval,
 )
 
-# parse_fanouts stays importable from here for bench/common.py; its home
-# is hmgraph.args.
-__all__ = ["main", "parse_fanouts"]
+__all__ = ["main"]
 
 
 class CliError(ValueError):
@@ -213,10 +213,10 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--hidden", type=positive_int, default=256)
     bench.add_argument("--lr", type=float, default=0.003)
     bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--device-budget", default="5%")
-    bench.add_argument("--host-budget", default="20%")
-    bench.add_argument("--configs", type=lambda t: t.split(","),
-                       default=None, help="subset, comma separated")
+    bench.add_argument("--device-budget", default="5%", type=budget_text)
+    bench.add_argument("--host-budget", default="20%", type=budget_text)
+    bench.add_argument("--configs", type=name_list(), default=None,
+                       help="subset, comma separated")
     bench.add_argument("--amortize-epochs", type=positive_int, default=10,
                        help="epochs a configuration's construction is "
                        "amortized over in the extra ratio column (default: "

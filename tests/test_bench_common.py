@@ -8,6 +8,7 @@ import pytest
 from benchscripts import load_bench
 
 from hmgraph import benchmark
+from hmgraph.args import budget_text, name_list
 
 common = load_bench("common")
 
@@ -50,12 +51,15 @@ def test_results_name_their_commit(tmp_path):
                                                              "r.md"]
 
 
-def test_names_refuses_unknown_and_repeated():
-    parse = common.names(("a", "b"))
+def test_name_list_refuses_unknown_and_repeated():
+    parse = name_list(("a", "b"))
     assert parse("b,a") == ["b", "a"]
     for text in ("a,c", "a,a", ""):
         with pytest.raises(Exception, match="distinct names"):
             parse(text)
+    assert budget_text("5%") == "5%"
+    with pytest.raises(Exception, match="invalid budget '5 apples'"):
+        budget_text("5 apples")
 
 
 def test_dgl_epoch_drops_the_memmap_once_before_the_epoch(tiny):

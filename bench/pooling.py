@@ -142,6 +142,12 @@ def markdown(report) -> str:
         f"Adam lr {config['lr']}, hidden {config['hidden']}, 3 levels, seed "
         f"{config['seed']}. Test accuracy %, mean ± std over the folds; "
         "**bold**: best of the row's dataset.", ""]
+    for commit in report.get("commit", {}).get("merged", []):
+        sets = dict.fromkeys(r["dataset"] for r in records
+                             if r.get("commit") == commit)
+        lines += [f"Cells of {', '.join(sets)} by commit `{commit['sha']}`"
+                  + (" with uncommitted changes" if commit["dirty"] else "")
+                  + ".", ""]
     rows = []
     for model in models:
         row = [model]
@@ -213,7 +219,12 @@ def markdown(report) -> str:
 
 
 def write(report, out):
-    """Picks, targets and both files (JSON, markdown), atomically."""
+    """Picks, targets and both files (JSON, markdown), atomically; the
+    commit of the cells (``merged``: each, where they differ)."""
+    commits = [r["commit"] for r in report["records"] if r.get("commit")]
+    unique = [c for i, c in enumerate(commits) if c not in commits[:i]]
+    report["commit"] = unique[0] if len(unique) == 1 else {
+        "sha": None, "dirty": None, "merged": unique}
     selected = select_on_validation(report["records"])
     report["targets"] = targets(report["records"],
                                 report["config"]["datasets"], selected)
@@ -222,44 +233,28 @@ def write(report, out):
     common.write_results(report, markdown(report), out)
 
 
-def merge(paths):
-    """One report from runs of the same protocol (other models or data);
-    SystemExit where settings or folds differ or a cell repeats."""
-    reports = [json.loads(Path(p).read_text()) for p in paths]
-    base = reports[0]
-    config = dict(base["config"], folds_run=dict(base["config"]["folds_run"]))
-    commits = [r.get("commit") for r in reports]
-    merged = {"config": config, "records": [],
-              "commit": commits[0] if all(c == commits[0] for c in commits)
-              else {"sha": None, "dirty": None, "merged": commits},
-              "note": base.get("note", ""),
-              "environment": base.get("environment", {}),
-              "wall_seconds": 0.0, "merged_from": [str(p) for p in paths]}
-    seen = set()
-    config["datasets"], config["models"] = [], []
-    for path, report in zip(paths, reports, strict=True):
-        new = report["config"]
-        problems = [f"{k}={new.get(k)!r} differs from {paths[0]}'s "
-                    f"{base['config'].get(k)!r}; only runs of one protocol "
-                    "can be merged" for k in SETTINGS
-                    if new.get(k) != base["config"].get(k)]
-        problems += [f"{d} ran {n} folds, another run "
-                     f"{config['folds_run'][d]}; merge needs equal folds"
-                     for d, n in new["folds_run"].items()
-                     if config["folds_run"].setdefault(d, n) != n]
-        for cell in ((r["dataset"], r["model"], r["name"])
-                     for r in report["records"]):
-            if cell in seen:
-                problems.append(f"{' '.join(cell)} is in more than one "
-                                "run; merge each cell once")
-            seen.add(cell)
-        if problems:
-            raise SystemExit(f"{path}: {problems[0]}")
-        merged["records"] += report["records"]
-        for key in ("datasets", "models"):
-            config[key] += [v for v in new[key] if v not in config[key]]
-        merged["wall_seconds"] += report.get("wall_seconds", 0.0)
-    return merged
+def earlier(out: Path, config: dict) -> list[dict]:
+    """The records an earlier run of the same protocol left in ``out``
+    (their cells are not run again); ``config``'s datasets, models and
+    folds widened to theirs. SystemExit where settings or folds differ."""
+    if not out.exists():
+        return []
+    report = json.loads(out.read_text())
+    old = report["config"]
+    problems = [f"{k}={old.get(k)!r} where this run has {config[k]!r}"
+                for k in SETTINGS if old.get(k) != config[k]]
+    problems += [f"{d} ran {n} folds where this run has "
+                 f"{config['folds_run'][d]}" for d, n in
+                 old["folds_run"].items()
+                 if config["folds_run"].setdefault(d, n) != n]
+    if problems:
+        raise SystemExit(f"{out} holds a run of another protocol "
+                         f"({problems[0]}); give another --out")
+    for key in ("datasets", "models"):
+        config[key] = old[key] + [v for v in config[key] if v not in old[key]]
+    for record in report["records"]:
+        record.setdefault("commit", report.get("commit"))
+    return report["records"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -279,8 +274,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(default: all)")
     parser.add_argument("--render", action="store_true",
                         help="only rewrite the markdown from --out's JSON")
-    parser.add_argument("--merge", nargs="+", metavar="JSON",
-                        help="only merge runs of one protocol into --out")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: MUTAG, 2 folds of 10, 3 epochs, "
                         "output /tmp/pooling_quick.json")
@@ -296,13 +289,9 @@ def main(argv=None) -> int:
     from hmgraph.distributed.worker import watch_parent
     from hmgraph.selection import config_name, parse_grid
 
-    if args.render or args.merge:
-        report = merge(args.merge) if args.merge else json.loads(
-            Path(args.out).read_text())
+    if args.render:
+        report = json.loads(Path(args.out).read_text())
         report["note"] = args.note or report.get("note", "")
-        # The commit of the runs, not of this rendering (unknown: None).
-        report["commit"] = report.get("commit") or {"sha": None,
-                                                    "dirty": None}
         write(report, Path(args.out))
         print(markdown(report))
         return 0
@@ -317,11 +306,13 @@ def main(argv=None) -> int:
     config = {k: getattr(args, k) for k in (*SETTINGS, "workers", "root")}
     config.update(datasets=datasets, models=models, folds_run={
         d: min(folds_run(d), args.folds) for d in datasets})
-    report = {"commit": common.commit(), "config": config, "records": [],
+    report = {"config": config, "records": earlier(out, config),
               "note": args.note, "environment": common.environment()}
-    jobs = sorted(itertools.product(datasets, models, enumerate(grid)),
-                  key=lambda job: -COST.get(job[0], 1.0)
-                  * 128 / job[2][1].get("batch_size", 128))
+    done = {(r["dataset"], r["model"], r["name"]) for r in report["records"]}
+    jobs = sorted((job for job in itertools.product(
+        datasets, models, enumerate(grid)) if (job[0], job[1], config_name(
+            job[2][1])) not in done), key=lambda job: -COST.get(job[0], 1.0)
+        * 128 / job[2][1].get("batch_size", 128))
     threads = 1 if args.workers > 1 else max(1, os.cpu_count() or 1)
     start = time.perf_counter()
 
@@ -351,7 +342,7 @@ def main(argv=None) -> int:
                 "grid_index": index, "overrides": grid[index],
                 "majority": result["majority"],
                 "summary": result["summary"], "protocol": result["protocol"],
-                "folds": result["folds"],
+                "folds": result["folds"], "commit": common.commit(),
                 "wall_seconds": result["wall_seconds"]})
             save()
             s = result["summary"]

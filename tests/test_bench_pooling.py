@@ -93,23 +93,50 @@ def write_run(path, models, **changes):
     return path
 
 
-def test_merge_joins_runs_of_one_protocol(tmp_path):
-    a = write_run(tmp_path / "a.json", ["gin", "hap"])
-    b = write_run(tmp_path / "b.json", ["topk"])
-    merged = bench.merge([a, b])
-    assert merged["config"]["models"] == ["gin", "hap", "topk"]
-    assert len(merged["records"]) == 3 and merged["wall_seconds"] == 4.0
+def this_run(models, **changes):
+    return dict({"folds": 10, "epochs": 100, "patience": 20, "hidden": 64,
+                 "lr": 0.001, "seed": 0, "grid": bench.GRID,
+                 "datasets": ["D"], "models": models,
+                 "folds_run": {"D": 1}}, **changes)
 
 
-def test_merge_refuses_other_settings_and_repeated_cells(tmp_path):
-    a = write_run(tmp_path / "a.json", ["hap"])
-    with pytest.raises(SystemExit, match="epochs=60 differs"):
-        bench.merge([a, write_run(tmp_path / "b.json", ["gin"], epochs=60)])
-    with pytest.raises(SystemExit, match="grid='dropout=0' differs"):
-        bench.merge([a, write_run(tmp_path / "b.json", ["gin"],
-                                  grid="dropout=0")])
-    with pytest.raises(SystemExit, match="D hap c0 is in more than one run"):
-        bench.merge([a, write_run(tmp_path / "c.json", ["hap"])])
+def test_a_run_keeps_the_cells_of_an_earlier_one(tmp_path):
+    out = write_run(tmp_path / "out.json", ["gin", "hap"])
+    assert bench.earlier(tmp_path / "none.json", this_run(["topk"])) == []
+    config = this_run(["topk"], datasets=["E"], folds_run={"E": 2})
+    records = bench.earlier(out, config)
+    assert [(r["dataset"], r["model"]) for r in records] == \
+        [("D", "gin"), ("D", "hap")]
+    assert config["models"] == ["gin", "hap", "topk"]
+    assert config["datasets"] == ["D", "E"]
+    assert config["folds_run"] == {"E": 2, "D": 1}
+
+
+def test_a_run_of_another_protocol_is_refused(tmp_path):
+    out = write_run(tmp_path / "out.json", ["hap"])
+    with pytest.raises(SystemExit, match="epochs=100 where this run has 60"):
+        bench.earlier(out, this_run(["gin"], epochs=60))
+    with pytest.raises(SystemExit, match="grid='batch_size=32,128;dropout="
+                       "0,0.5' where this run has 'dropout=0'"):
+        bench.earlier(out, this_run(["gin"], grid="dropout=0"))
+    with pytest.raises(SystemExit, match="D ran 1 folds where this run has"
+                       " 3"):
+        bench.earlier(out, this_run(["gin"], folds_run={"D": 3}))
+
+
+def test_cells_of_several_commits_are_named(tmp_path):
+    records = [dict(record("D", "hap", [(0.5, 0.3, 0.7)] * 2),
+                    commit={"sha": "a" * 40, "dirty": False}),
+               dict(record("E", "hap", [(0.5, 0.3, 0.7)] * 2),
+                    commit={"sha": "b" * 40, "dirty": True})]
+    report = {"config": this_run(["hap"], datasets=["D", "E"], workers=1,
+                                 folds_run={"D": 2, "E": 2}),
+              "records": records}
+    bench.write(report, tmp_path / "r.json")
+    assert report["commit"]["sha"] is None
+    text = (tmp_path / "r.md").read_text()
+    assert f"Cells of D by commit `{'a' * 40}`." in text
+    assert f"Cells of E by commit `{'b' * 40}` with uncommitted" in text
 
 
 def test_markdown_names_the_grid_and_the_majority_class():

@@ -239,13 +239,18 @@ class FeatureCache(Feature):
         return held
 
     def static_on_device(self) -> torch.Tensor | None:
-        """Which rows this cache serves on ``device`` for good: those of
-        static layers (`Policy.is_static`) held in a store there. A bool per
-        row on ``device``, or None where no such store holds rows."""
-        held = [store.id_of[store.id_of >= 0] for layer in self.layers
-                if layer.policy.is_static for store in layer.stores
-                if store.device == self.device and store.size]
-        if not held:
+        """Which rows this cache serves from its device tier for good:
+        the rows each layer's policy pins (`Policy.pinned`) held in a
+        ``"device"`` store (on a CPU-only run the host tier shares the
+        memory, but stays the host tier). A bool per row on ``device``,
+        or None where there are none."""
+        held = []
+        for layer in self.layers:
+            pinned = layer.policy.pinned()
+            held += [pinned[store.slots(pinned) >= 0]
+                     for store in layer.stores
+                     if store.name == "device" and pinned.numel()]
+        if not sum(ids.numel() for ids in held):
             return None
         mask = torch.zeros(self.num_rows, dtype=torch.bool)
         mask[torch.cat(held)] = True

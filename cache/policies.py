@@ -97,8 +97,6 @@ class Policy(ABC):
     name = "policy"
     #: Whether `step` uses the ids of the batches ahead.
     looks_ahead = False
-    #: Whether the rows held after `warm` are held for good.
-    is_static = False
     #: Host bytes of bookkeeping per node of the graph (``resident``).
     node_bytes = 1
     #: Host bytes of bookkeeping per row of capacity.
@@ -151,6 +149,10 @@ class Policy(ABC):
         """Ids to load before the first batch, most valuable first."""
         return _EMPTY
 
+    def pinned(self) -> torch.Tensor:
+        """Ids this policy holds for good once warm (never evicted)."""
+        return _EMPTY
+
     def step(self, ids: torch.Tensor,
              future: Sequence[torch.Tensor] = ()) -> Step:
         """Decide hits, evictions and admissions for one batch.
@@ -200,7 +202,6 @@ class NoCachePolicy(Policy):
 class _StaticPolicy(Policy):
     """Holds the ``capacity`` rows of highest score, never changes."""
 
-    is_static = True
     slot_bytes = 8  # the held ids
 
     def __init__(self, num_rows: int, capacity: int, score: torch.Tensor):
@@ -217,6 +218,10 @@ class _StaticPolicy(Policy):
     def warm(self) -> torch.Tensor:
         """The held rows, highest score first."""
         self._hold(self._contents)
+        return self._contents
+
+    def pinned(self) -> torch.Tensor:
+        """Every held row: the contents never change."""
         return self._contents
 
     def _step(self, ids, hit, future) -> Step:
@@ -461,6 +466,10 @@ class HMGraphPolicy(Policy):
     def warm(self) -> torch.Tensor:
         """The static rows, hottest first."""
         self._hold(self._static_order)
+        return self._static_order
+
+    def pinned(self) -> torch.Tensor:
+        """The static rows: only the dynamic region evicts."""
         return self._static_order
 
     def _keys(self, ids: torch.Tensor) -> torch.Tensor:

@@ -196,6 +196,25 @@ def test_rows_a_static_device_tier_holds_are_never_buffered():
     assert cache.stats.hits["device"] == 10 + 5 + 2
 
 
+@pytest.mark.parametrize("policy, pinned", [
+    ("hmgraph", list(range(4))), ("lru", None)])
+def test_only_pinned_rows_count_as_on_the_device_for_good(policy, pinned):
+    """hmgraph pins its static rows (its dynamic region evicts); LRU pins
+    none; rows pinned in the host tier are not on the device, though a
+    CPU-only run keeps both tiers in one memory."""
+    hot = torch.zeros(NUM_ROWS)
+    hot[:8] = torch.arange(8, 0, -1).float()
+    layer = Layer(make_policy(policy, NUM_ROWS, 10, hotness=hot,
+                              static_rows=6, window=2), [
+        SlotStore("device", NUM_ROWS, (5,), torch.float32, 4),
+        SlotStore("host", NUM_ROWS, (5,), torch.float32, 6)])
+    cache = FeatureCache(TensorFeature(torch.from_numpy(reference())),
+                         [layer])
+    on_device = cache.static_on_device()
+    assert (on_device if on_device is None else
+            on_device.nonzero().squeeze(1).tolist()) == pinned
+
+
 def test_plan_takes_reuse_out_of_the_device_budget():
     trace = [torch.arange(i, i + 40) for i in range(0, 100, 20)]
     counts = torch.zeros(NUM_ROWS, dtype=torch.int64)

@@ -684,7 +684,8 @@ def write_results(result: dict, markdown: str, path) -> Path:
     (``.md``), each atomically, both naming the commit that wrote them.
 
     ``result["commit"]`` is set to `commit` unless present; the markdown's
-    second line names it. Returns the JSON's path.
+    second line names it (or each of ``merged``, for a result put together
+    from runs of several commits). Returns the JSON's path.
     """
     from hmgraph.cache.format import atomic_path
 
@@ -692,9 +693,13 @@ def write_results(result: dict, markdown: str, path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     result.setdefault("commit", commit())
     sha, dirty = result["commit"]["sha"], result["commit"]["dirty"]
+    merged = [c["sha"] for c in result["commit"].get("merged", [])]
     line = (f"Written by commit `{sha}`"
             + (" with uncommitted changes" if dirty else "") + "."
-            if sha else "Commit unknown (not recorded, or no git checkout).")
+            if sha else "Written by commits " + ", ".join(
+                f"`{c}`" for c in merged) + " (the parts are named below)."
+            if merged else
+            "Commit unknown (not recorded, or no git checkout).")
     head, _, rest = markdown.partition("\n")
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(result, indent=1) + "\n")

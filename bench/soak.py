@@ -32,7 +32,7 @@ def main(argv=None) -> int:
 
     from hmgraph import datasets
     from hmgraph.cache.format import open_feature_file
-    from hmgraph.train import TrainConfig, _prepare, make_loader
+    from hmgraph.train import TrainConfig, make_loader, make_sampler
 
     config = TrainConfig(
         dataset=args.dataset, root=args.root, features_on="disk",
@@ -41,9 +41,8 @@ def main(argv=None) -> int:
         batch_size=args.batch_size, progress=False)
     dataset = datasets.load(config.dataset, config.root, config.verify,
                             features_on="disk")
-    dataset, sampler, _, profile = _prepare(config, dataset)
-    loader, _ = make_loader(config, dataset, sampler, torch.device("cpu"),
-                            profile)
+    dataset, sampler = make_sampler(config, dataset)
+    loader, _ = make_loader(config, dataset, sampler, torch.device("cpu"))
     _, rows = open_feature_file(dataset.feature_path)
     process = psutil.Process()
     records = []

@@ -222,7 +222,8 @@ def write(report, out):
     """Picks, targets and both files (JSON, markdown), atomically; the
     commit of the cells (``merged``: each, where they differ)."""
     commits = [r["commit"] for r in report["records"] if r.get("commit")]
-    unique = [c for i, c in enumerate(commits) if c not in commits[:i]]
+    unique = [c for i, c in enumerate(commits) if c not in commits[:i]] \
+        or [common.commit()]
     report["commit"] = unique[0] if len(unique) == 1 else {
         "sha": None, "dirty": None, "merged": unique}
     selected = select_on_validation(report["records"])
@@ -309,10 +310,11 @@ def main(argv=None) -> int:
     report = {"config": config, "records": earlier(out, config),
               "note": args.note, "environment": common.environment()}
     done = {(r["dataset"], r["model"], r["name"]) for r in report["records"]}
-    jobs = sorted((job for job in itertools.product(
-        datasets, models, enumerate(grid)) if (job[0], job[1], config_name(
-            job[2][1])) not in done), key=lambda job: -COST.get(job[0], 1.0)
-        * 128 / job[2][1].get("batch_size", 128))
+    jobs = [(d, m, (i, o)) for d, m, (i, o) in itertools.product(
+        datasets, models, enumerate(grid)) if (d, m, config_name(o)) not in
+        done]  # the most expensive first
+    jobs.sort(key=lambda job: -COST.get(job[0], 1.0) * 128
+              / job[2][1].get("batch_size", 128))
     threads = 1 if args.workers > 1 else max(1, os.cpu_count() or 1)
     start = time.perf_counter()
 

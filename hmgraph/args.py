@@ -28,15 +28,15 @@ import argparse
 __all__ = [
     "add_workload_arguments",
     "budget_text",
-    "name_list",
+    "device_name",
     "fraction",
+    "name_list",
+    "non_negative_float",
     "non_negative_int",
     "parse_budget_shares",
     "parse_fanouts",
     "positive_float",
     "positive_int",
-    "non_negative_float",
-    "device_name",
     "unit_interval",
 ]
 

@@ -242,15 +242,16 @@ def earlier(out: Path, config: dict) -> list[dict]:
         return []
     report = json.loads(out.read_text())
     old = report["config"]
+    folds = config["folds_run"]
     problems = [f"{k}={old.get(k)!r} where this run has {config[k]!r}"
                 for k in SETTINGS if old.get(k) != config[k]]
-    problems += [f"{d} ran {n} folds where this run has "
-                 f"{config['folds_run'][d]}" for d, n in
-                 old["folds_run"].items()
-                 if config["folds_run"].setdefault(d, n) != n]
+    problems += [f"{d} ran {n} folds where this run has {folds[d]}"
+                 for d, n in old["folds_run"].items()
+                 if folds.get(d, n) != n]
     if problems:
         raise SystemExit(f"{out} holds a run of another protocol "
                          f"({problems[0]}); give another --out")
+    config["folds_run"] = {**old["folds_run"], **folds}
     for key in ("datasets", "models"):
         config[key] = old[key] + [v for v in config[key] if v not in old[key]]
     for record in report["records"]:

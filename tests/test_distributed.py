@@ -14,8 +14,7 @@ import pytest
 
 from hmgraph.cli import main
 
-# One epoch of synth-tiny at a batch small enough to converge in it, so
-# that sampling noise between runs stays well inside 2 points.
+# Three epochs of synth-tiny at a batch small enough to converge.
 WORKLOAD = ["--fanouts", "10,5", "--batch-size", "16", "--lr", "0.01",
             "--hidden", "64", "--seed", "0"]
 
@@ -44,9 +43,15 @@ def _alive(pid: int) -> bool:
 
 def test_two_servers_two_trainers_match_single_process(
         parts, data_root, tmp_path, capsys):
+    # Test accuracy of one single-process run moves by up to 2 points with
+    # the seed (0.809-0.827 over seeds 0-3) and the distributed run by
+    # about 0.5 with the same seed (0.809-0.814, 6 runs; DGL's sampling
+    # servers answer in any order), so one run of each can differ by more
+    # than the 2 points allowed. The mean of three seeds cannot.
     assert main(["train", "--dataset", "synth-tiny", "--root",
-                 str(data_root), "--epochs", "3", "--no-progress",
-                 "--out", str(tmp_path / "single"), *WORKLOAD]) == 0
+                 str(data_root), "--epochs", "3", "--runs", "3",
+                 "--no-progress", "--out", str(tmp_path / "single"),
+                 *WORKLOAD]) == 0
     single = json.loads((tmp_path / "single" / "result.json").read_text())
     capsys.readouterr()
     assert main(["train-dist", "--parts-dir", str(parts), "--trainers",

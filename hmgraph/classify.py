@@ -52,6 +52,7 @@ __all__ = [
     "add_parser",
     "command",
     "evaluate",
+    "flat_parameters",
     "format_markdown",
     "load_graph_dataset",
     "make_folds",
@@ -219,6 +220,41 @@ def evaluate(model, dataset, ids, device, batch_size=512) -> dict:
             "metric": _score(dataset, logits, labels)}
 
 
+def flat_parameters(model: torch.nn.Module) -> torch.nn.Parameter:
+    """``model``'s parameters as views of one, for one optimizer update.
+
+    PyTorch 2.2's Adam costs some 60 us per parameter tensor and step on
+    the CPU (for-loop and ``foreach`` alike): 2.9 ms of HAP's 48 tensors,
+    a tenth of its step at batch 32. Over one flat parameter it is one
+    update of the same elementwise math (the same bits, as long as every
+    parameter gets a gradient each step, as every pooling model's does).
+    Each parameter and its gradient become views of the flat parameter
+    and its gradient, which backward accumulates into in place; zero it
+    with ``flat.grad.zero_()`` (setting it to None would end the views).
+    Call after moving the model to its device.
+
+    Returns
+    -------
+    torch.nn.Parameter
+        The flat parameter, its gradient zero.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    kinds = {(p.dtype, p.device) for p in params}
+    if len(kinds) != 1:
+        raise ValueError(f"flat_parameters needs one dtype and device; got "
+                         f"{sorted(map(str, kinds))}")
+    flat = torch.nn.Parameter(torch.cat([p.detach().reshape(-1)
+                                         for p in params]))
+    flat.grad = torch.zeros_like(flat)
+    start = 0
+    for p in params:
+        end = start + p.numel()
+        p.data = flat.data[start:end].view_as(p)
+        p.grad = flat.grad[start:end].view_as(p)
+        start = end
+    return flat
+
+
 def _train_fold(config, dataset, split, fold, device, bar) -> dict:
     from hmgraph.models.pooling import build_pooling_model
 
@@ -228,7 +264,8 @@ def _train_fold(config, dataset, split, fold, device, bar) -> dict:
         config.model, dataset.feat_dim, config.hidden, dataset.num_classes,
         num_levels=config.levels, dropout=config.dropout, ratio=config.ratio,
         max_nodes=dataset.max_nodes).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
+    flat = flat_parameters(model)
+    optimizer = torch.optim.Adam([flat], lr=config.lr,
                                  weight_decay=config.weight_decay)
     best, best_state, history, stale = None, None, [], 0
     start = time.perf_counter()
@@ -245,7 +282,7 @@ def _train_fold(config, dataset, split, fold, device, bar) -> dict:
             logits = model(graph, feat.to(device))
             loss = F.cross_entropy(logits, y.to(device)) \
                 + model.auxiliary_loss
-            optimizer.zero_grad()
+            flat.grad.zero_()
             loss.backward()
             optimizer.step()
             total += float(loss) * y.numel()

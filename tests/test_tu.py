@@ -16,6 +16,7 @@ from hmgraph.classify import (
     ClassifyConfig,
     add_parser,
     command,
+    flat_parameters,
     load_graph_dataset,
     make_folds,
     run,
@@ -201,6 +202,52 @@ def test_folds_are_stratified_and_disjoint():
         f["test"].tolist() for f in make_folds(labels, 10, seed=0)]
     with pytest.raises(ValueError, match="folds"):
         make_folds(labels, 1, seed=0)
+
+
+@pytest.mark.parametrize("name", ["hap", "diffpool"])
+def test_adam_over_flat_parameters_takes_the_same_steps(name):
+    """Three Adam steps (weight decay on) over the flat parameter leave
+    every parameter with the same bits as Adam over the model's own."""
+    from hmgraph.models.pooling import build_pooling_model
+
+    dgl.seed(0)
+    graphs = [dgl.batch([dgl.rand_graph(9, 30), dgl.rand_graph(6, 14)])
+              for _ in range(3)]
+    features = torch.randn(15, 7, generator=torch.Generator().manual_seed(0))
+    trained = []
+    for flat in (False, True):
+        torch.manual_seed(0)
+        model = build_pooling_model(name, 7, 16, 2, max_nodes=9)
+        if flat:
+            params = flat_parameters(model)
+            assert params.numel() == sum(
+                p.numel() for p in model.parameters())
+        optimizer = torch.optim.Adam(
+            [params] if flat else model.parameters(), lr=0.01,
+            weight_decay=1e-3)
+        torch.manual_seed(1)
+        for graph in graphs:
+            loss = torch.nn.functional.cross_entropy(
+                model(graph, features), torch.tensor([0, 1])) \
+                + model.auxiliary_loss
+            params.grad.zero_() if flat else optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        trained.append(list(model.parameters()))
+    for plain, viewed in zip(*trained, strict=True):
+        assert torch.equal(plain, viewed)
+        # Still views of the flat parameter, gradients too.
+        assert viewed.untyped_storage().data_ptr() == \
+            params.untyped_storage().data_ptr()
+        assert viewed.grad.untyped_storage().data_ptr() == \
+            params.grad.untyped_storage().data_ptr()
+
+
+def test_flat_parameters_refuse_mixed_dtypes():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2),
+                                torch.nn.Linear(2, 2).double())
+    with pytest.raises(ValueError, match="one dtype and device"):
+        flat_parameters(model)
 
 
 def test_classify_run_on_mutag(shared_data, tmp_path):

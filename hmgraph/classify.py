@@ -8,9 +8,10 @@ dataset with stratified k-fold cross-validation:
    once.
 2. From the other folds a stratified validation set as large as the test
    fold is carved out (train : valid : test = 8 : 1 : 1 at 10 folds).
-3. The model trains with Adam on mini-batches of ``batch_size`` graphs
-   (order seeded with ``seed + 1000 * fold + epoch``), loss = cross-entropy
-   + the model's ``auxiliary_loss``, for at most ``epochs`` epochs; after
+3. The model trains with Adam (over `flat_parameters`: one update a
+   step, the same bits) on mini-batches of ``batch_size`` graphs (order
+   seeded with ``seed + 1000 * fold + epoch``), loss = cross-entropy +
+   the model's ``auxiliary_loss``, for at most ``epochs`` epochs; after
    every epoch it is scored on the validation set only. The best epoch is
    the highest validation metric, ties broken by the lower validation
    loss; training stops after ``patience`` epochs without a better one.

@@ -30,12 +30,22 @@ def test_a_file_of_another_graph_or_without_key_is_recomputed(tiny,
     src, dst = tiny.graph.edges()
     other = dgl.graph((dst[: src.numel() // 2], src[: src.numel() // 2]),
                       num_nodes=n)
-    assert metis_key(other, 8) != metis_key(tiny.graph, 8)
+    key = metis_key(tiny.graph, 8)
+    assert metis_key(other, 8) != key
     path = tmp_path / "metis-8.npy"
     from_other = metis_clusters(other, 8, path)
+    assert torch.equal(cached_clusters(path, metis_key(other, 8)),
+                       from_other)
+    # The other graph's file is not taken: recomputed and rewritten.
     parts = metis_clusters(tiny.graph, 8, path)
-    assert not torch.equal(parts, from_other)
+    assert cached_clusters(path, metis_key(other, 8)) is None
+    assert torch.equal(cached_clusters(path, key), parts)
     assert torch.equal(metis_clusters(tiny.graph, 8, path), parts)
     np.save(path, np.zeros(n, dtype=np.int64))  # an assignment with no key
-    assert cached_clusters(path, metis_key(tiny.graph, 8)) is None
-    assert torch.equal(metis_clusters(tiny.graph, 8, path), parts)
+    assert cached_clusters(path, key) is None
+    # Recomputed and written with its key. METIS through DGL does not give
+    # the same clusters run to run (about one call in three differs), so
+    # the new assignment is not compared with the first.
+    again = metis_clusters(tiny.graph, 8, path)
+    assert again.unique().tolist() == list(range(8))
+    assert torch.equal(cached_clusters(path, key), again)

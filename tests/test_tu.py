@@ -230,7 +230,10 @@ def test_adam_over_flat_parameters_takes_the_same_steps(name):
             loss = torch.nn.functional.cross_entropy(
                 model(graph, features), torch.tensor([0, 1])) \
                 + model.auxiliary_loss
-            params.grad.zero_() if flat else optimizer.zero_grad()
+            if flat:
+                params.grad.zero_()
+            else:
+                optimizer.zero_grad()
             loss.backward()
             optimizer.step()
         trained.append(list(model.parameters()))

@@ -90,6 +90,17 @@ def select_on_validation(records):
     return out
 
 
+def partial_sets(report) -> dict:
+    """``{dataset: cells run}`` for the sets with some cells but not all
+    (models x configurations): their picks cover the cells run only."""
+    records = report["records"]
+    cells = len(report["config"]["models"]) * len({r["name"]
+                                                   for r in records})
+    counts = {d: sum(r["dataset"] == d for r in records)
+              for d in report["config"]["datasets"]}
+    return {d: n for d, n in counts.items() if 0 < n < cells}
+
+
 def epoch_seconds(records, dataset, model):
     """Seconds per epoch (training and validation) over every fold of
     every configuration; None before one ran."""
@@ -128,7 +139,8 @@ def targets(records, datasets, selected) -> dict:
     return {"per_dataset": out,
             "hap_ok": sum(t["verdict"] != LOSS for t in out.values()),
             "at_majority": sum(len(t["at_majority"]) for t in out.values()),
-            "epoch_ratio": hap / diffpool if hap and diffpool else None}
+            "epoch_ratio": hap / diffpool if hap and diffpool
+            and EPOCH_SET in datasets else None}
 
 
 def _cell(summary, folds) -> str:
@@ -162,6 +174,12 @@ def markdown(report) -> str:
         lines += [f"Cells of {', '.join(sets)} by commit `{commit['sha']}`"
                   + (" with uncommitted changes" if commit["dirty"] else "")
                   + ".", ""]
+    partial = partial_sets(report)
+    if partial:
+        lines += ["Not complete, so not judged below: " + ", ".join(
+            f"{d} ({n} of {len(models) * len({r['name'] for r in records})}"
+            " cells; its picks are over the cells run)"
+            for d, n in partial.items()) + ".", ""]
     rows = []
     for model in models:
         row = [model]
@@ -245,8 +263,10 @@ def write(report, out):
     report["commit"] = unique[0] if len(unique) == 1 else {
         "sha": None, "dirty": None, "merged": unique}
     selected = select_on_validation(report["records"])
-    report["targets"] = targets(report["records"],
-                                report["config"]["datasets"], selected)
+    partial = partial_sets(report)
+    report["targets"] = targets(report["records"], [
+        d for d in report["config"]["datasets"] if d not in partial],
+        selected)
     report["selected"] = [{"dataset": d, "model": m, **v}
                           for (d, m), v in selected.items()]
     common.write_results(report, markdown(report), out)

@@ -156,3 +156,17 @@ def test_markdown_names_the_grid_and_the_majority_class():
     assert "| hap | **70.00 ± 0.00** |" in text
     assert "| majority class | 50.00 |" in text
     assert "HAP best (70.00" in text
+
+
+def test_a_set_with_cells_missing_is_not_judged():
+    fold = [(0.9, 0.1, 0.8)]
+    records = [record("A", m, fold, i) for m in ("hap", "gin")
+               for i in (0, 1)] + [record("B", "hap", fold, 0)]
+    report = {"config": {"datasets": ["A", "B", "C"],
+                         "models": ["hap", "gin"]}, "records": records}
+    assert bench.partial_sets(report) == {"B": 1}
+    selected = bench.select_on_validation(records)
+    judged = [d for d in ["A", "B", "C"] if d not in bench.partial_sets(
+        report)]
+    assert list(bench.targets(records, judged, selected)["per_dataset"]) \
+        == ["A"]

@@ -91,14 +91,15 @@ def select_on_validation(records):
 
 
 def partial_sets(report) -> dict:
-    """``{dataset: cells run}`` for the sets with some cells but not all
-    (models x configurations): their picks cover the cells run only."""
+    """``{dataset: (cells run, cells due)}`` for the sets with some cells
+    but not all (models x configurations): their picks cover the cells
+    run only."""
     records = report["records"]
     cells = len(report["config"]["models"]) * len({r["name"]
                                                    for r in records})
     counts = {d: sum(r["dataset"] == d for r in records)
               for d in report["config"]["datasets"]}
-    return {d: n for d, n in counts.items() if 0 < n < cells}
+    return {d: (n, cells) for d, n in counts.items() if 0 < n < cells}
 
 
 def epoch_seconds(records, dataset, model):
@@ -177,9 +178,8 @@ def markdown(report) -> str:
     partial = partial_sets(report)
     if partial:
         lines += ["Not complete, so not judged below: " + ", ".join(
-            f"{d} ({n} of {len(models) * len({r['name'] for r in records})}"
-            " cells; its picks are over the cells run)"
-            for d, n in partial.items()) + ".", ""]
+            f"{d} ({n} of {cells} cells; its picks are over the cells run)"
+            for d, (n, cells) in partial.items()) + ".", ""]
     rows = []
     for model in models:
         row = [model]

@@ -164,7 +164,7 @@ def test_a_set_with_cells_missing_is_not_judged():
                for i in (0, 1)] + [record("B", "hap", fold, 0)]
     report = {"config": {"datasets": ["A", "B", "C"],
                          "models": ["hap", "gin"]}, "records": records}
-    assert bench.partial_sets(report) == {"B": 1}
+    assert bench.partial_sets(report) == {"B": (1, 4)}
     selected = bench.select_on_validation(records)
     judged = [d for d in ["A", "B", "C"] if d not in bench.partial_sets(
         report)]

@@ -17,7 +17,10 @@ import time
 
 import common
 
-from hmgraph.args import budget_text, name_list
+from hmgraph.args import budget_text, fraction, name_list
+from hmgraph.cache.budget import parse_budget
+from hmgraph.cache.plan import belady_policy, replay
+from hmgraph.loader import STAGING_SHARE
 
 POLICIES = ("none", "degree", "presample", "lru", "clock", "hmgraph")
 LAYOUTS = ("file", "hot-first")
@@ -34,9 +37,6 @@ VS_IN_MEMORY_MAX, VS_FLOOR_MIN = 1.5, 3.0
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from hmgraph.args import fraction
-    from hmgraph.loader import STAGING_SHARE
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common.add_quick_arguments(parser, FULL, QUICK, "train on a seeded "
                                "subset of max-batches x batch-size seeds")
@@ -70,8 +70,7 @@ def prepare_layout(name: str, dataset, seeds, args):
     from hmgraph.train import TrainConfig, make_sampler
 
     if name == "file":
-        return dataset, seeds, {"name": name, "seconds": 0.0,
-                                "path": str(dataset.feature_path)}
+        return dataset, seeds, {"name": name, "seconds": 0.0}
     graph = dataset.graph.local_var()
     graph.ndata.pop("feat", None)
     view = dataclasses.replace(dataset, graph=graph, features_on="disk",
@@ -95,28 +94,23 @@ def prepare_layout(name: str, dataset, seeds, args):
 
 
 def run_dgl(dataset, seeds, args, memmap: bool) -> dict:
-    """One epoch of `common.dgl_epoch`, in memory or over the memmap."""
+    """One epoch of `common.dgl_epoch`, in memory or over the memmap; no
+    ``policy``, ``host_budget``, ``belady`` or ``staging_rows``."""
+    config = FLOOR if memmap else IN_MEMORY
     run, = common.dgl_baseline(dataset, args, "memmap" if memmap else
-                               "memory", seeds=seeds,
-                               desc=FLOOR if memmap else IN_MEMORY)
+                               "memory", seeds=seeds, desc=config)
     useful = run["input_bytes"]
     return {
-        "config": FLOOR if memmap else IN_MEMORY, "kind": "dgl",
-        "policy": None, "layout": "file", "host_budget": None,
+        "config": config, "kind": "dgl", "layout": "file",
         "batches": run["batches"], "rows_requested": run["input_rows"],
-        "hit_rate": {"device": 0.0, "host": 0.0 if memmap else 1.0,
-                     "staged": 0.0, "storage": 1.0 if memmap else 0.0},
-        "belady": None, "storage_rows_vs_belady": None,
-        "storage": {"rows_read": run["input_rows"],
-                    "bytes_read": run["read_bytes"], "useful_bytes": useful,
+        "hit_rate": {"source" if memmap else "host": 1.0},
+        "storage": {"bytes_read": run["read_bytes"], "useful_bytes": useful,
                     "amplification": run["read_bytes"] / max(useful, 1),
-                    "io_requests": None, "seconds": None,
-                    "model_seconds": None, "seconds_vs_model": None,
                     "source": "psutil io_counters read_bytes"}
         if memmap else None,
-        "staging_rows": 0, "host_to_device_bytes": useful,
-        "seconds": run["seconds"], "construct_seconds": 0.0,
-        "layout_seconds": 0.0, "mean_loss": run["mean_loss"],
+        "host_to_device_bytes": useful, "seconds": run["seconds"],
+        "construct_seconds": 0.0, "layout_seconds": 0.0,
+        "mean_loss": run["mean_loss"],
         "peak_rss_mb": common.peak_rss_bytes() / 2**20,
     }
 
@@ -138,18 +132,13 @@ def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
                              plan.device_rows + plan.host_rows, memo)
     stats, source = run["stats"], run["source"]
     cache, disk = stats["cache"], getattr(source, "disk", None)
-    rates = {tier: cache["hit_rate"].get(key, 0.0) for tier, key in (
-        ("device", "device"), ("host", "host"), ("staged", "staged"),
-        ("storage", "source"))}
     return {
         "config": config, "kind": "hmgraph", "policy": policy,
         "layout": layout["name"], "host_budget": budget,
-        "host_budget_bytes": host_budget if budget else 0,
-        "device_budget_bytes": device_budget if policy != "none" else 0,
         "batches": run["batches"], "rows_requested": cache["rows_requested"],
-        "hit_rate": rates, "belady": belady,
-        "storage_rows_vs_belady": rows_vs_belady(rates["storage"],
-                                                 belady["hit_rate"]),
+        "hit_rate": cache["hit_rate"], "belady": belady,
+        "storage_rows_vs_belady": rows_vs_belady(
+            cache["hit_rate"].get("source", 0.0), belady["hit_rate"]),
         "storage": stats.get("storage"), "staging_rows": plan.staging_rows,
         "host_to_device_bytes": cache["bytes"].get("host->device", 0),
         "seconds": run["seconds"],
@@ -167,19 +156,14 @@ def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
 def belady_hit_rate(trace: list, num_rows: int, capacity: int,
                     memo: dict) -> dict:
     """Belady's hit rate on ``trace`` with ``capacity`` rows."""
-    from hmgraph.cache.plan import replay
-    from hmgraph.cache.policies import BeladyPolicy
-
     digest = hashlib.blake2b(digest_size=16)
     for ids in trace:
         digest.update(ids.numpy().tobytes() + b"|")
     key = (digest.hexdigest(), capacity)
     start, memoised = time.perf_counter(), key in memo
     if not memoised:
-        policy = BeladyPolicy(num_rows, capacity) if capacity else None
-        if policy is not None:
-            policy.set_trace(trace)
-        memo[key] = replay(policy, trace) if policy is not None else 0.0
+        memo[key] = replay(belady_policy(trace, num_rows, capacity),
+                           trace) if capacity else 0.0
     return {"capacity_rows": capacity, "hit_rate": memo[key],
             "seconds": time.perf_counter() - start, "memoised": memoised}
 
@@ -199,7 +183,7 @@ def add_ratios(records: list[dict], epochs: int) -> None:
             if r["kind"] == "dgl"}
     memory, floor = base.get(IN_MEMORY), base.get(FLOOR)
     none = {r["layout"]: r["storage"]["bytes_read"] for r in records
-            if r["policy"] == "none" and r["storage"]}
+            if r.get("policy") == "none" and r["storage"]}
     for r in records:
         epoch = r["seconds"]["epoch"]
         built = r["construct_seconds"] + r["layout_seconds"]
@@ -216,9 +200,8 @@ def add_ratios(records: list[dict], epochs: int) -> None:
 def targets(records: list[dict], layouts: list[str], epochs: int) -> list:
     """T1-T3 and the epoch against both baselines, at the target budget;
     each note names the construction seconds (and amortized ratio)."""
-    ours = {r["layout"]: r for r in records if r["policy"] == "hmgraph"
+    ours = {r["layout"]: r for r in records if r.get("policy") == "hmgraph"
             and r["host_budget"] == TARGET_HOST_BUDGET}
-    ours = {name: ours[name] for name in layouts if name in ours}
 
     def built(r, key=None):
         return common.built_note(
@@ -240,7 +223,7 @@ def targets(records: list[dict], layouts: list[str], epochs: int) -> list:
         r and (r["storage"] or {}).get("amplification"), "<=",
         AMPLIFICATION_MAX, r and built(r))
         for n, r in ((n, ours.get(n)) for n in layouts)]
-    timed = [r for r in records if r["policy"] == "hmgraph"
+    timed = [r for r in records if r.get("policy") == "hmgraph"
              and (r["storage"] or {}).get("seconds_vs_model") is not None]
     worst = max(timed, key=lambda r: r["storage"]["seconds_vs_model"],
                 default=None)
@@ -268,20 +251,19 @@ def report(result: dict) -> str:
         result["config"]["amortize_epochs"]
     rows = []
     for r in result["records"]:
-        s, rate, b = r["storage"] or {}, r["hit_rate"], r["belady"]
-        dgl = r["kind"] == "dgl"
+        s, rate, b = r["storage"] or {}, r["hit_rate"], r.get("belady")
         rows.append([
-            r["config"], r["host_budget"] or "-",
+            r["config"], r.get("host_budget") or "-",
             s.get("bytes_read") and s["bytes_read"] / 1e9,
             s.get("io_requests"), s.get("amplification"), s.get("seconds"),
             s.get("model_seconds"), s.get("seconds_vs_model"),
-            r.get("storage_vs_none"), None if dgl else r["staging_rows"],
-            *(100 * rate[t] for t in ("device", "host", "staged",
-                                      "storage")),
-            b and 100 * b["hit_rate"], r["storage_rows_vs_belady"],
+            r.get("storage_vs_none"), r.get("staging_rows"),
+            *(100 * rate.get(t, 0.0) for t in ("device", "host", "staged",
+                                               "source")),
+            b and 100 * b["hit_rate"], r.get("storage_rows_vs_belady"),
             r["host_to_device_bytes"] / 1e9, r["seconds"]["epoch"],
             r.get("vs_in_memory"), r.get("vs_memmap_floor"),
-            None if dgl else
+            None if r["kind"] == "dgl" else
             f"{r['layout_seconds']:.1f} + {r['construct_seconds']:.1f}",
             r.get("vs_in_memory_amortized")])
     staging = (f"{c['staging']:g}" if c["staging"] is not None else
@@ -326,9 +308,6 @@ def report(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from hmgraph.cache.budget import parse_budget
-    from hmgraph.loader import STAGING_SHARE
-
     args = parse_args(argv)
     common.watch_memory()
     dataset, facts = common.load(  # rows in memory only for that baseline
@@ -358,8 +337,7 @@ def main(argv=None) -> int:
     # process, the profile does not always repeat (no reuse of the file).
     layouts = {name: prepare_layout(name, dataset, seeds, args)
                for name in args.layouts}
-    result["layouts"] = {name: built for name, (*_, built) in
-                         layouts.items()}
+    result["layouts"] = {n: built for n, (*_, built) in layouts.items()}
     runs = [(BASELINES[name], None, "file") for name in args.baselines]
     for layout in args.layouts:
         runs += [("none", None, layout)] if "none" in args.policies else []

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import common
 
-from hmgraph.args import name_list
+from hmgraph.args import name_list, positive_int
 
 PARTS = ("sampling", "storage", "accuracy")
 DGL = "dgl NeighborSampler"
@@ -43,7 +43,6 @@ QUICK = {"dataset": "synth-tiny", "small": "synth-tiny", "batch_size": 128,
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    from hmgraph.args import positive_int
     from hmgraph.datasets.planetoid import find_planetoid
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -73,23 +72,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # -- (1) Sampling -----------------------------------------------------------
 
-def timed_sampler(graph, fanouts, parts, locality, group_size):
-    """DGL's sampler (``locality`` None) or a `ClusterSampler`, timed.
-    Build each right before it samples (its weights live in the graph)."""
-    import dgl
-
-    from hmgraph.samplers.cluster import ClusterSampler
-
-    began = time.perf_counter()
-    sampler = dgl.dataloading.NeighborSampler(fanouts) if locality is None \
-        else ClusterSampler(graph, fanouts, parts, locality=locality,
-                            group_size=group_size)
-    return sampler, time.perf_counter() - began
-
-
-def sample_epoch(graph, sampler, seeds, args, keep_trace, desc) -> dict:
+def sample_epoch(graph, sampler, seeds, args, trace, desc) -> dict:
     """One epoch of blocks in the loader's order (`order_seeds`, else
-    shuffled); ``sampler.sample`` timed alone."""
+    shuffled), each batch's sorted input nodes appended to ``trace`` (a
+    list, or None); ``sampler.sample`` timed alone."""
     import dgl
     import torch
 
@@ -99,43 +85,49 @@ def sample_epoch(graph, sampler, seeds, args, keep_trace, desc) -> dict:
         generator = torch.Generator().manual_seed(args.seed)
         order = seeds[torch.randperm(seeds.numel(), generator=generator)]
     dgl.seed(args.seed)
-    batches = -(-order.numel() // args.batch_size)
+    batches = order.split(args.batch_size)
     touched = torch.zeros(graph.num_nodes(), dtype=torch.bool)
-    seconds, inputs, edges, trace = 0.0, 0, 0, []
-    bar = common.progress(batches, desc)
-    for index in range(batches):
-        began = time.perf_counter()
-        input_nodes, _, blocks = sampler.sample(graph, order[
-            index * args.batch_size:(index + 1) * args.batch_size])
-        seconds += time.perf_counter() - began
-        inputs += input_nodes.numel()
-        edges += sum(block.num_edges() for block in blocks)
-        touched[input_nodes] = True
-        if keep_trace:
-            trace.append(input_nodes.sort().values)
-        bar.update(1)
-    bar.close()
-    return {"seconds": seconds, "batches": batches,
-            "input_nodes_per_batch": inputs / batches,
-            "edges_per_batch": edges / batches,
-            "rows_touched": int(touched.sum()), "trace": trace}
+    seconds, inputs, edges = 0.0, 0, 0
+    with common.progress(len(batches), desc) as bar:
+        for batch in batches:
+            began = time.perf_counter()
+            input_nodes, _, blocks = sampler.sample(graph, batch)
+            seconds += time.perf_counter() - began
+            inputs += input_nodes.numel()
+            edges += sum(block.num_edges() for block in blocks)
+            touched[input_nodes] = True
+            if trace is not None:
+                trace.append(input_nodes.sort().values)
+            bar.update(1)
+    return {"seconds": seconds, "batches": len(batches),
+            "input_nodes_per_batch": inputs / len(batches),
+            "edges_per_batch": edges / len(batches),
+            "rows_touched": int(touched.sum())}
 
 
 def part_sampling(dataset, parts, metis_seconds, args) -> tuple:
     """Every sampler ``--repeats`` times, interleaved; the records and the
-    traces of `TRACED` (first repeat)."""
+    traces of `TRACED` (first repeat). Each sampler is built, timed, right
+    before it samples (its weights live in the graph)."""
+    import dgl
+
+    from hmgraph.samplers.cluster import ClusterSampler
+
     records, traces = {}, {}
     for repeat in range(args.repeats):
         for name, locality, group_size in SAMPLERS:
-            sampler, construct = timed_sampler(
-                dataset.graph, args.fanouts, parts, locality, group_size)
+            began = time.perf_counter()
+            sampler = dgl.dataloading.NeighborSampler(args.fanouts) \
+                if locality is None else ClusterSampler(
+                    dataset.graph, args.fanouts, parts, locality=locality,
+                    group_size=group_size)
+            construct = time.perf_counter() - began
+            trace = traces.setdefault(name, []) \
+                if repeat == 0 and name in TRACED else None
             epoch = sample_epoch(dataset.graph, sampler,
-                                 dataset.split["train"], args,
-                                 repeat == 0 and name in TRACED,
+                                 dataset.split["train"], args, trace,
                                  f"{name} ({repeat + 1})")
-            if epoch["trace"]:
-                traces[name] = epoch["trace"]
-            del sampler, epoch["trace"]
+            del sampler
             record = records.setdefault(name, dict(
                 epoch, sampler=name, locality=locality,
                 group_size=group_size, construct_seconds=construct
@@ -163,8 +155,8 @@ def storage_epoch(path, trace, mapping, max_batches, desc) -> dict:
 
     read = min(max_batches or len(trace), len(trace))
     planned = planned_read = 0
-    bar = common.progress(len(trace), desc)
-    with StorageFeature(path, block_bytes=PAGE_BYTES) as feature:
+    with StorageFeature(path, block_bytes=PAGE_BYTES) as feature, \
+            common.progress(len(trace), desc) as bar:
         for index, ids in enumerate(trace):
             if mapping is not None:
                 ids = mapping[ids].sort().values
@@ -176,16 +168,10 @@ def storage_epoch(path, trace, mapping, max_batches, desc) -> dict:
                 planned += pages
             bar.update(1)
         stats, direct = feature.stats.as_dict(), feature.direct
-    bar.close()
     pages = stats["blocks_read"] + planned
-    reads = {f"read_{k}": stats[v] for k, v in (
-        ("pages", "blocks_read"), ("bytes", "bytes_read"),
-        ("rows", "rows_read"), ("calls", "io_requests"),
-        ("seconds", "seconds"))}
-    return {"batches": len(trace), "batches_read": read,
-            "block_bytes": stats["block_bytes"], "pages": pages,
+    return {"batches": len(trace), "batches_read": read, "pages": pages,
             "bytes": stats["bytes_read"] + planned * stats["block_bytes"],
-            "pages_per_batch": pages / len(trace), **reads,
+            "pages_per_batch": pages / len(trace), "read": stats,
             "read_seconds_per_batch": stats["seconds"] / max(1, read),
             "plan_matches_reads": planned_read == stats["blocks_read"],
             "direct": direct}
@@ -255,26 +241,19 @@ def part_accuracy(args, result: dict) -> None:
 
 
 def accuracy_record(name, config_name, config, trained, seconds) -> dict:
-    runs, summary = trained["runs"], trained["summary"]
+    runs = trained["runs"]
     epochs = [e["seconds"] for r in runs for e in r["epochs"]]
     evals = [s["eval"] for s in epochs if "eval" in s]
-    cluster = config.sampler == "cluster"
     return {
         "dataset": name, "config": config_name, "sampler": config.sampler,
-        "locality": config.locality if cluster else None,
-        "group_size": config.group_size if cluster else None,
-        "epochs": config.epochs, "runs": config.runs,
-        "test_mean": summary["test_mean"], "test_std": summary["test_std"],
-        "valid_mean": summary["valid_mean"],
+        "epochs": config.epochs, **trained["summary"],
         "test": [r["test_at_best_valid"] for r in runs],
         "best_epoch": [r["best_epoch"] for r in runs],
         "test_last_epoch": [r["epochs"][-1]["test"] for r in runs],
         "seconds": seconds,
         "epoch_seconds_mean": sum(s["epoch"] for s in epochs) / len(epochs),
         "eval_seconds_mean": sum(evals) / len(evals) if evals else 0.0,
-        "train": {k: getattr(config, k) for k in (
-            "fanouts", "batch_size", "hidden", "dropout", "lr",
-            "weight_decay", "seed", "clusters", "eval_every")}}
+        "train": trained["config"]}
 
 
 # -- Targets and report -----------------------------------------------------
@@ -368,19 +347,17 @@ def write(result: dict, args, part: str | None = None) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     common.watch_memory()
-    cora = ["cora"] if args.cora_root else []
-    result = {"config": common.settings(
-        args, accuracy_datasets=[args.small] + cora),
-        "environment": common.environment(), "metis": None, "sampling": [],
-        "storage": [], "renumber": None, "accuracy": [],
-        "targets": [], "notes": [], "loadavg": {},
-        "started_unix": time.time()}
+    accuracy = [args.small] + (["cora"] if args.cora_root else [])
+    result = {"config": common.settings(args, accuracy_datasets=accuracy),
+              "environment": common.environment(), "metis": None,
+              "sampling": [], "storage": [], "renumber": None, "accuracy": [],
+              "targets": [], "notes": [], "loadavg": {},
+              "started_unix": time.time()}
     if "sampling" in args.parts:
         dataset, facts = common.load(args.dataset, args.root)
         train = dataset.split["train"].numel()
         batches = -(-train // args.batch_size)
-        result["config"].update(
-            facts, train_seeds=train, batches=batches, num_clusters=batches)
+        result["config"].update(facts, train_seeds=train, batches=batches)
         parts, result["metis"] = common.metis_parts(dataset, args.root,
                                                     batches)
         print(common.metis_text(result["metis"]), file=sys.stderr)

@@ -13,8 +13,11 @@ import time
 from pathlib import Path
 
 import common
+import psutil
 
+from hmgraph import datasets
 from hmgraph.args import name_list
+from hmgraph.cache.disk import disk_model
 
 GIB = 1 << 30
 CONFIGS = ("dgl memory", "dgl memmap", "dgl memmap-random", "hmgraph")
@@ -40,18 +43,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _setup(name, args, features_on):
-    from hmgraph import datasets
-
     began = time.perf_counter()
     data = datasets.load(name, args.root, verify=False,
                          features_on=features_on)
     return data, time.perf_counter() - began
 
 
-def _record(config, name, data, load_seconds, runs, **more) -> dict:
+def _record(config, name, data, load_seconds, train, loader=None,
+            **more) -> dict:
     return {"config": config, "dataset": name, "load_seconds": load_seconds,
-            "construct_seconds": 0.0, **more, "train": runs["train"],
-            "loader": runs.get("loader"), "graph_bytes": data.graph_bytes,
+            "construct_seconds": 0.0, **more, "train": train,
+            "loader": loader, "graph_bytes": data.graph_bytes,
             "feature_bytes": data.feature_bytes,
             "peak_rss_bytes": common.peak_rss_bytes()}
 
@@ -63,8 +65,7 @@ def run_dgl(name: str, args, kind: str, loader_only: bool) -> dict:
     runs = common.dgl_baseline(
         data, args, kind, loader_only=loader_only, max_batches=args.batches,
         max_seconds=args.max_seconds, desc=f"dgl {kind} {{epoch}}")
-    runs = dict(zip(("train", "loader"), runs, strict=False))
-    return _record(f"dgl {kind}", name, data, load_seconds, runs)
+    return _record(f"dgl {kind}", name, data, load_seconds, *runs)
 
 
 def run_hmgraph(name: str, args, loader_only: bool) -> dict:
@@ -85,24 +86,21 @@ def run_hmgraph(name: str, args, loader_only: bool) -> dict:
     loader, memory = make_loader(config, data, sampler, "cpu")
     construct = time.perf_counter() - began
     construct_storage = loader.stats.storage.as_dict()  # the static fill
-    runs = {}
+    runs = []
     for mode in ("train", "loader") if loader_only else ("train",):
         loader.set_epoch(0)
         run = common.hmgraph_epoch(
             loader, *((model, optimizer) if mode == "train" else ()),
             max_batches=args.batches, desc=f"hmgraph {mode}")
-        stats = run.pop("stats")
-        runs[mode] = dict(run, hit_rate=stats["cache"]["hit_rate"],
-                          storage=stats["storage"],
-                          amplification=stats["storage"]["amplification"]
-                          or None)
+        storage = run["stats"]["storage"]
+        runs.append(dict(run, amplification=storage["amplification"] or None))
     mode = resolve_eval(config, data, loader)
     began = time.perf_counter()
     scores = evaluate(config, data, model, loader, "cpu", mode)
     evaluation = {"mode": mode, "seconds": time.perf_counter() - began,
                   **scores}
     loader.close()
-    return _record("hmgraph", name, data, load_seconds, runs,
+    return _record("hmgraph", name, data, load_seconds, *runs,
                    construct_seconds=construct,
                    construct_storage=construct_storage, memory=memory,
                    evaluation=evaluation)
@@ -174,14 +172,13 @@ def report(result: dict) -> str:
     if result.get("disk"):
         lines += ["Disk (measured in this run): "
                   f"{common.disk_text(result['disk'])}.", ""]
+    by = {(r["dataset"], r["config"]): r for r in result["records"]}
     rows = []
     for r in result["records"]:
         train, only = r["train"], r["loader"]
-        base = next((b for b in result["records"] if b["dataset"] ==
-                     r["dataset"] and b["config"] == "dgl memmap"), None)
-        ratio, amortized = _speedup(base, r, epochs) if base else (None,
-                                                                   None)
-        storage = train.get("storage") or {}
+        base = by.get((r["dataset"], "dgl memmap"))
+        ratio, amortized = _speedup(base, r, epochs) if base else (None, None)
+        storage = train.get("stats", {}).get("storage") or {}
         rows.append([
             r["dataset"], r["config"],
             f"{train['batches']}{' (capped)' if train['capped'] else ''}",
@@ -204,13 +201,11 @@ def report(result: dict) -> str:
                   common.markdown_table(
                       ["dataset", "mode", "seconds", "valid", "test",
                        "host budget GB", "graph GB", "working set GB"],
-                      [[r["dataset"], r["evaluation"]["mode"],
-                        r["evaluation"]["seconds"],
-                        r["evaluation"]["valid"], r["evaluation"]["test"],
-                        r["memory"]["host_budget_bytes"] / 1e9,
-                        r["memory"]["graph_bytes"] / 1e9,
-                        r["memory"]["working_set_bytes"] / 1e9]
-                       for r in evals]), ""]
+                      [[r["dataset"], *(r["evaluation"][k] for k in (
+                          "mode", "seconds", "valid", "test")),
+                        *(r["memory"][k] / 1e9 for k in (
+                            "host_budget_bytes", "graph_bytes",
+                            "working_set_bytes"))] for r in evals]), ""]
     lines += [f"FAILED: {f['dataset']} {f['config']}: {f['error']}\n"
               for f in result["failures"]]
     lines += ["Targets:", "", common.targets_table(result["targets"]), ""]
@@ -218,11 +213,6 @@ def report(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    import psutil
-
-    from hmgraph import datasets
-    from hmgraph.cache.disk import disk_model
-
     args = parse_args(argv)
     result = {"commit": common.commit(), "args": vars(args),
               "environment": common.environment(), "disk": None,

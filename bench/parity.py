@@ -126,25 +126,21 @@ def hmgraph_run(data, settings: dict, seed: int) -> dict:
 PIPELINES = {"hmgraph": hmgraph_run, "dgl": plain_dgl}
 
 
-def _std(values: list) -> float:
-    return statistics.stdev(values) if len(values) > 1 else 0.0
-
-
 def compare(data, settings: dict, seeds: list[int]) -> dict:
     """Both pipelines per seed; means, stds and the gap in points."""
     runs = {name: [dict(run(data, settings, seed), seed=seed)
                    for seed in seeds] for name, run in PIPELINES.items()}
-    summary = {}
+    summary = {name: {} for name in runs}
     for name, records in runs.items():
-        summary[name] = {f"{split}_{stat}": function(
-            [100 * r[key] for r in records]) for split, key in (
-                ("valid", "best_valid"), ("test", "test_at_best_valid"))
-            for stat, function in (("mean", statistics.fmean),
-                                   ("std", _std))} | {
-            "epoch_seconds": statistics.fmean(
-                e["epoch_seconds"] for r in records for e in r["epochs"]),
-            "eval_seconds": statistics.fmean(
-                e["eval_seconds"] for r in records for e in r["epochs"])}
+        for split, key in (("valid", "best_valid"),
+                           ("test", "test_at_best_valid")):
+            points = [100 * r[key] for r in records]
+            summary[name][f"{split}_mean"] = statistics.fmean(points)
+            summary[name][f"{split}_std"] = statistics.stdev(points) \
+                if len(points) > 1 else 0.0
+        for key in ("epoch_seconds", "eval_seconds"):
+            summary[name][key] = statistics.fmean(
+                e[key] for r in records for e in r["epochs"])
     gap = summary["hmgraph"]["test_mean"] - summary["dgl"]["test_mean"]
     return {"runs": runs, "summary": summary, "gap_points": gap}
 

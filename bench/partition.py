@@ -45,36 +45,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def run_method(dataset, method, args, budgets, row_bytes, clusters,
                label) -> dict:
-    import dgl
+    from tqdm.auto import tqdm
 
-    from hmgraph.partition import assign, partition_stats
-    from hmgraph.samplers.presample import epoch_counts, expected_reads
+    from hmgraph.partition import assign_and_count
 
-    graph, train_ids = dataset.graph, dataset.split["train"]
-    sampler = dgl.dataloading.NeighborSampler(args.fanouts)
-    began = time.perf_counter()
-    assignment = assign(
-        graph, args.parts, method, train_ids=train_ids,
-        profile=lambda seeds: expected_reads(graph, seeds, args.fanouts),
-        clusters=clusters, replication=args.replication, budgets=budgets,
-        row_bytes=row_bytes, seed=0)
-    assign_seconds = time.perf_counter() - began
-
-    def bar(iterable, desc=None):
-        from tqdm.auto import tqdm
-
-        return tqdm(iterable, desc=f"{label} {desc}", leave=False,
-                    mininterval=5.0)
-
-    began = time.perf_counter()
-    stats = partition_stats(
-        graph, assignment, sampler, train_ids, args.batch_size, row_bytes,
-        budgets=budgets, seed=1, progress=bar,
-        profile=lambda seeds: epoch_counts(graph, sampler, seeds,
-                                           args.batch_size, seed=0))
+    assignment, stats, seconds = assign_and_count(
+        dataset.graph, args.parts, method, train_ids=dataset.split["train"],
+        fanouts=args.fanouts, batch_size=args.batch_size,
+        row_bytes=row_bytes, budgets=budgets, clusters=clusters,
+        replication=args.replication, seed=0,
+        progress=lambda iterable, desc: tqdm(
+            iterable, desc=f"{label} {desc}", leave=False, mininterval=5.0))
     return {"method": method, "budgets": budgets, **stats,
-            "settings": assignment.info, "assign_seconds": assign_seconds,
-            "stats_seconds": time.perf_counter() - began}
+            "settings": assignment.info, **seconds}
 
 
 def targets(records: list[dict]) -> list[dict]:
@@ -137,15 +120,14 @@ def markdown(result: dict) -> str:
 def main(argv=None) -> int:
     from hmgraph import datasets
     from hmgraph.cache.budget import parse_budget
-    from hmgraph.cache.format import read_manifest
     from hmgraph.partition import METHODS
     from hmgraph.samplers.cluster import metis_clusters
 
     args = parse_args(argv)
     dataset = datasets.load(args.dataset, args.root)
     graph = dataset.graph
-    row_bytes = read_manifest(dataset.feature_path).row_bytes
-    feature_bytes = row_bytes * graph.num_nodes()
+    row_bytes = dataset.manifest.row_bytes
+    feature_bytes = dataset.feature_bytes
     each = parse_budget(args.device_budget, feature_bytes) + \
         parse_budget(args.host_budget, feature_bytes)
     count = args.parts * args.clusters_per_part

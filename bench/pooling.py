@@ -82,12 +82,9 @@ def select_on_validation(records):
     groups = {}
     for r in sorted(records, key=lambda r: r["grid_index"]):
         groups.setdefault((r["dataset"], r["model"]), []).append(r)
-    out = {}
-    for key, runs in groups.items():
-        picked = select_per_fold(runs)
-        out[key] = {"summary": summarize(picked["records"]),
-                    "picks": picked["picks"]}
-    return out
+    picked = {key: select_per_fold(runs) for key, runs in groups.items()}
+    return {key: {"summary": summarize(p["records"]), "picks": p["picks"]}
+            for key, p in picked.items()}
 
 
 def partial_sets(report) -> dict:
@@ -144,12 +141,12 @@ def targets(records, datasets, selected) -> dict:
             and EPOCH_SET in datasets else None}
 
 
-def _cell(summary, folds) -> str:
+def _cell(summary, folds, bold=False) -> str:
     """``mean ± std`` in %, flagged where fewer than ``folds`` ran."""
     text = f"{100 * summary['test_mean']:.2f} ± {100 * summary['test_std']:.2f}"
     if summary["folds_run"] < folds:
         text += f" ({summary['folds_run']} folds)"
-    return text
+    return f"**{text}**" if bold else text
 
 
 def markdown(report) -> str:
@@ -180,17 +177,10 @@ def markdown(report) -> str:
         lines += ["Not complete, so not judged below: " + ", ".join(
             f"{d} ({n} of {cells} cells; its picks are over the cells run)"
             for d, (n, cells) in partial.items()) + ".", ""]
-    rows = []
-    for model in models:
-        row = [model]
-        for dataset in datasets:
-            entry = selected.get((dataset, model))
-            cell = entry and _cell(entry["summary"], config["folds"])
-            if cell and t["per_dataset"].get(dataset, {}).get("best") \
-                    == model:
-                cell = f"**{cell}**"
-            row.append(cell)
-        rows.append(row)
+    best = {d: v["best"] for d, v in t["per_dataset"].items()}
+    rows = [[m, *(_cell(s["summary"], config["folds"], best.get(d) == m)
+                  if (s := selected.get((d, m))) else None
+                  for d in datasets)] for m in models]
     rows.append(["majority class", *(
         f"{100 * t['per_dataset'][d]['majority']:.2f}"
         if d in t["per_dataset"] else None for d in datasets)])

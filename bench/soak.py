@@ -12,6 +12,7 @@ import gc
 import sys
 import time
 
+import common
 import numpy as np
 import psutil
 import torch
@@ -80,9 +81,6 @@ def main(argv=None) -> int:
         f"{spread(kept):.1f} MB, the reuse buffers' rows vary), objects "
         f"varied by {objects} (limit 1000), RSS trend {growth:+.1f} MB "
         f"(limit {args.rss_slack_mb:g}; range {spread(rss):.1f} MB)")
-    print(summary)
-    from hmgraph.benchmark import markdown_table, write_results
-
     shown = {r["epoch"]: r for r in records[::max(1, len(records) // 10)]
              + records[-1:]}  # about ten epochs and the last, once each
     markdown = (
@@ -90,10 +88,10 @@ def main(argv=None) -> int:
         f"hmgraph cache, features on disk, two-level reuse, cluster "
         f"sampler, renumbered, prefetch 2, batch {args.batch_size}; every "
         f"row checked against the file (see bench/soak.py).\n\n"
-        + markdown_table(list(records[0]),
-                         [list(r.values()) for r in shown.values()])
+        + common.markdown_table(list(records[0]),
+                                [list(r.values()) for r in shown.values()])
         + f"\n\n{summary}\n")
-    write_results({"args": vars(args), "records": records,
+    common.finish({"args": vars(args), "records": records,
                    "verdict": verdict, "rss_trend_mb": growth,
                    "held_trend_mb": held_growth}, markdown, args.out)
     return 0 if verdict == "PASS" else 1

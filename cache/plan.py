@@ -34,14 +34,14 @@ import torch
 from hmgraph.cache.budget import format_bytes
 from hmgraph.cache.coordinated import MARK_BYTES, FeatureCache, Layer
 from hmgraph.cache.feature import Feature
-from hmgraph.cache.policies import POLICIES, make_policy
+from hmgraph.cache.policies import POLICIES, BeladyPolicy, make_policy
 from hmgraph.cache.reuse import TABLE_BYTES_PER_ROW, reuse_profile
 from hmgraph.cache.slots import SlotStore, SlotTable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CachePlan", "build_cache", "make_plan", "metadata_bytes",
-           "replay", "replay_hits", "store_metadata_bytes"]
+__all__ = ["CachePlan", "belady_policy", "build_cache", "make_plan",
+           "metadata_bytes", "replay", "replay_hits", "store_metadata_bytes"]
 
 #: Reuse buffers are sized to this share (%) of the most rows the profile
 #: held at once: an epoch samples other neighbours than its profile, and a
@@ -472,6 +472,31 @@ def replay(policy, trace: Sequence[torch.Tensor], window: int | None = None
     """
     hits, requested = replay_hits(policy, trace, window)
     return hits / requested if requested else 0.0
+
+
+def belady_policy(trace: Sequence[torch.Tensor], num_rows: int,
+                  capacity: int) -> BeladyPolicy:
+    """Belady's optimal offline policy, told the whole ``trace``.
+
+    Parameters
+    ----------
+    trace : sequence of torch.Tensor
+        Unique int64 ids per batch, in order: the trace it is then
+        replayed on (`replay`, `replay_hits`).
+    num_rows : int
+        Rows of the feature matrix.
+    capacity : int
+        Rows it may hold.
+
+    Returns
+    -------
+    BeladyPolicy
+        A fresh policy; its `replay` on ``trace`` is the optimal hit rate
+        at ``capacity`` rows.
+    """
+    policy = BeladyPolicy(num_rows, capacity)
+    policy.set_trace(trace)
+    return policy
 
 
 def replay_hits(policy, trace: Sequence[torch.Tensor],

@@ -27,12 +27,8 @@ import torch
 
 from hmgraph.cache.disk import read_plan
 from hmgraph.cache.format import DATA_OFFSET, PAGE_BYTES
-from hmgraph.cache.plan import make_plan, replay_hits
-from hmgraph.cache.policies import (
-    BeladyPolicy,
-    make_policy,
-    next_use_trace,
-)
+from hmgraph.cache.plan import belady_policy, make_plan, replay_hits
+from hmgraph.cache.policies import make_policy, next_use_trace
 from hmgraph.cache.reuse import member
 
 log = logging.getLogger(__name__)
@@ -290,8 +286,7 @@ def analyze(trace, hop_counts, degrees, profile, num_rows: int,
             name = "hmgraph+reuse1" if levels == 1 else "hmgraph+reuse2"
             record(name, budget, replayed, began)
         began = time.perf_counter()
-        opt = BeladyPolicy(num_rows, capacity)
-        opt.set_trace(trace)
+        opt = belady_policy(trace, num_rows, capacity)
         record("belady", budget,
                _replay_rate(opt, trace, requested, pages=pages), began)
         tiers[f"{budget:g}"] = _tier_hits(trace, profile, plan, capacity,

@@ -21,13 +21,20 @@ several servers) and counts, per part:
 and for the whole partition the **edge cut** (share of edges whose ends
 have different owners) and the **replication factor** (feature rows stored
 over all parts per vertex).
+
+`assign_and_count` assigns with the profile of training and counts the
+result, as ``hmgraph partition`` and bench/partition.py do.
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 
-__all__ = ["edge_cut", "partition_stats"]
+from hmgraph.partition.methods import assign
+
+__all__ = ["assign_and_count", "edge_cut", "partition_stats"]
 
 
 def edge_cut(graph, parts: torch.Tensor) -> float:
@@ -144,3 +151,69 @@ def partition_stats(graph, assignment, graph_sampler, train_ids: torch.Tensor,
         **total,
         "parts": per_part,
     }
+
+
+def assign_and_count(graph, num_parts: int, method: str, *,
+                     train_ids: torch.Tensor, fanouts, batch_size: int,
+                     row_bytes: int, budgets=None, clusters=None,
+                     replication: float = 0.5, seed: int = 0,
+                     count: bool = True, progress=None) -> tuple:
+    """`assign` on the profile of training, then `partition_stats`.
+
+    The methods that need a profile rank vertices by their
+    `hmgraph.samplers.presample.expected_reads` under ``fanouts``; the
+    statistics replay one epoch of ``NeighborSampler(fanouts)``, the fast
+    tiers filled from a `presample.epoch_counts` profile of it.
+
+    Parameters
+    ----------
+    graph : dgl.DGLGraph
+        The whole graph.
+    num_parts, method, clusters, replication
+        As `assign` takes them.
+    train_ids : torch.Tensor
+        Training vertices.
+    fanouts : list of int
+        Neighbours per layer of the sampler of training.
+    batch_size : int
+        Seeds per batch.
+    row_bytes : int
+        Bytes of one feature row.
+    budgets : sequence of int, optional
+        Fast-tier bytes of each part's machine.
+    seed : int
+        Seed of `assign` and of the fast tiers' profile; the epoch counted
+        is seeded ``seed + 1``.
+    count : bool
+        False: no statistics (an empty dict).
+    progress : callable, optional
+        As `partition_stats` takes it.
+
+    Returns
+    -------
+    tuple
+        ``(assignment, stats, seconds)``: the `Assignment`,
+        `partition_stats`'s dict and a dict of ``assign_seconds`` and
+        ``stats_seconds``, the time each step took.
+    """
+    import dgl
+
+    from hmgraph.samplers.presample import epoch_counts, expected_reads
+
+    began = time.perf_counter()
+    assignment = assign(
+        graph, num_parts, method, train_ids=train_ids,
+        profile=lambda seeds: expected_reads(graph, seeds, fanouts),
+        clusters=clusters, replication=replication, budgets=budgets,
+        row_bytes=row_bytes, seed=seed)
+    seconds = {"assign_seconds": time.perf_counter() - began}
+    began, stats = time.perf_counter(), {}
+    if count:
+        sampler = dgl.dataloading.NeighborSampler(fanouts)
+        stats = partition_stats(
+            graph, assignment, sampler, train_ids, batch_size, row_bytes,
+            budgets=budgets, seed=seed + 1, progress=progress,
+            profile=lambda seeds: epoch_counts(graph, sampler, seeds,
+                                               batch_size, seed))
+    seconds["stats_seconds"] = time.perf_counter() - began
+    return assignment, stats, seconds

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 
 import torch
@@ -113,18 +112,14 @@ def _machine_budgets(args, num_parts: int, feature_bytes: int) -> list[int]:
 
 def make_partitions(args, progress=None) -> dict:
     """Assign, count and write partitions as ``args`` says; the info dict."""
-    import dgl
-
     from hmgraph.cache.format import open_feature_file
     from hmgraph.datasets import load
     from hmgraph.partition import (
-        assign,
-        partition_stats,
+        assign_and_count,
         read_partition_info,
         write_partitions,
     )
     from hmgraph.samplers.cluster import metis_clusters
-    from hmgraph.samplers.presample import epoch_counts, expected_reads
 
     dataset = load(args.dataset, args.root, features_on="disk")
     graph = dataset.graph
@@ -139,30 +134,19 @@ def make_partitions(args, progress=None) -> dict:
     row_bytes = manifest.row_bytes
     budgets = _machine_budgets(args, args.parts,
                                row_bytes * graph.num_nodes())
-    sampler = dgl.dataloading.NeighborSampler(args.fanouts)
     train_ids = dataset.split["train"]
     clusters = None
     if args.method in ("self-dependence", "hierarchy"):
         count = args.parts * args.clusters_per_part
         cache = Path(dataset.feature_path).parent / f"metis-{count}.npy"
         clusters = metis_clusters(graph, count, cache)
-    began = time.perf_counter()
-    assignment = assign(
+    assignment, stats, seconds = assign_and_count(
         graph, args.parts, args.method, train_ids=train_ids,
-        profile=lambda seeds: expected_reads(graph, seeds, args.fanouts),
-        clusters=clusters, replication=args.replication, budgets=budgets,
-        row_bytes=row_bytes, seed=args.seed,
+        fanouts=args.fanouts, batch_size=args.batch_size,
+        row_bytes=row_bytes, budgets=budgets, clusters=clusters,
+        replication=args.replication, seed=args.seed,
+        count=not args.no_stats, progress=progress,
     )
-    seconds = time.perf_counter() - began
-    stats = {}
-    if not args.no_stats:
-        stats = partition_stats(
-            graph, assignment, sampler, train_ids, args.batch_size,
-            row_bytes, budgets=budgets,
-            profile=lambda seeds: epoch_counts(
-                graph, sampler, seeds, args.batch_size, args.seed),
-            seed=args.seed + 1, progress=progress,
-        )
     node_data = {"label": dataset.labels.long()}
     for split in ("train", "valid", "test"):
         mask = torch.zeros(graph.num_nodes(), dtype=torch.bool)
@@ -175,7 +159,7 @@ def make_partitions(args, progress=None) -> dict:
             "dataset": {"name": args.dataset,
                         "num_classes": int(dataset.num_classes),
                         "row_bytes": row_bytes},
-            "assign_seconds": seconds,
+            "assign_seconds": seconds["assign_seconds"],
             "machine_budgets": budgets,
             "fanouts": args.fanouts,
             "batch_size": args.batch_size,

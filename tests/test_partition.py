@@ -10,7 +10,13 @@ import scipy.sparse as sp
 import torch
 
 from hmgraph.cli import main
-from hmgraph.partition import METHODS, assign, read_partition_info
+from hmgraph.partition import (
+    METHODS,
+    assign,
+    assign_and_count,
+    edge_cut,
+    read_partition_info,
+)
 from hmgraph.partition.methods import ldg_assign, replicas_from
 
 FANOUTS = "10,5"
@@ -124,6 +130,25 @@ def test_partition_replaces_an_old_folder_atomically(data_root, tmp_path):
     assert not (out / "stale.txt").exists()
     assert json.loads((out / "synth_tiny.json").read_text())["num_parts"] == 2
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_assign_and_count_is_assign_then_the_epoch_counts(tiny):
+    """The same assignment as `assign` with the same seed, its statistics
+    (or none, with ``count=False``) and the seconds of each step."""
+    train = tiny.split["train"]
+    kwargs = dict(train_ids=train, fanouts=[5, 5], batch_size=128,
+                  row_bytes=64, budgets=[6400, 6400], seed=3)
+    alone = assign(tiny.graph, 2, "random", train_ids=train, seed=3)
+    assignment, stats, seconds = assign_and_count(tiny.graph, 2, "random",
+                                                  **kwargs)
+    assert torch.equal(assignment.parts, alone.parts)
+    assert stats["edge_cut"] == edge_cut(tiny.graph, alone.parts)
+    assert len(stats["parts"]) == 2
+    assert sum(p["train"] for p in stats["parts"]) == train.numel()
+    assert set(seconds) == {"assign_seconds", "stats_seconds"}
+    _, stats, _ = assign_and_count(tiny.graph, 2, "random", count=False,
+                                   **kwargs)
+    assert stats == {}
 
 
 def test_ldg_keeps_connected_items_together_within_capacity():

@@ -123,6 +123,27 @@ def test_a_dead_trainer_stops_the_job_with_its_name(parts, tmp_path):
     assert not any(_alive(pid) for pid in pids.values())
 
 
+def test_a_job_past_its_timeout_prints_where_it_was(parts, tmp_path):
+    """Stopped for taking too long, the job first prints every running
+    worker's Python stacks, so a hang says where it hung."""
+    command = [sys.executable, "-m", "hmgraph.cli", "train-dist",
+               "--parts-dir", str(parts), "--trainers", "2", "--epochs",
+               "100", "--out", str(tmp_path / "run"), "--timeout", "20",
+               *WORKLOAD]
+    launcher = subprocess.run(command, capture_output=True, text=True,
+                              timeout=120)
+    assert launcher.returncode == 1
+    assert launcher.stderr.strip().splitlines()[-1] == (
+        "hmgraph train-dist: error: timed out after 20 s; stopped all 4 "
+        "processes (the stacks of those still running are printed above)")
+    # faulthandler's dump: one per running worker, trainers in run_trainer.
+    assert launcher.stderr.count("most recent call first") >= 4
+    assert "in run_trainer" in launcher.stderr
+    pids = [int(p) for p in re.findall(r"started \w+ \d \(pid (\d+)\)",
+                                       launcher.stdout)]
+    assert len(pids) == 4 and not any(_alive(pid) for pid in pids)
+
+
 def test_ctrl_c_stops_every_process(parts, tmp_path):
     launcher, pids = _start_and_wait_for_a_batch(parts, tmp_path, 0)
     launcher.send_signal(signal.SIGINT)

@@ -83,6 +83,22 @@ def _stop(processes, grace: float = 5.0) -> None:
             p.popen.wait()
 
 
+def _dump_stacks(processes, wait: float = 2.0) -> None:
+    """Ask the processes still running to print their Python stacks
+    (`worker.STACKS_SIGNAL`) to their stderr, and give them ``wait``
+    seconds to do it."""
+    from hmgraph.distributed.worker import STACKS_SIGNAL
+
+    alive = [p for p in processes if p.popen.poll() is None]
+    for p in alive:
+        try:
+            p.popen.send_signal(STACKS_SIGNAL)
+        except ProcessLookupError:
+            pass
+    if alive:
+        time.sleep(wait)
+
+
 def launch(parts_dir: str | os.PathLike, trainers: int, settings: dict, *,
            timeout: float | None = None, log=print, workdir=None) -> dict:
     """Train on the partitions in ``parts_dir`` with ``trainers`` processes.
@@ -264,10 +280,12 @@ def _watch(servers, workers, timeout, log) -> None:
                     "stopped the others"
                 )
         if timeout is not None and time.monotonic() - began > timeout:
+            _dump_stacks(everyone)
             _stop(everyone)
             raise LaunchError(
                 f"timed out after {timeout:g} s; stopped all "
-                f"{len(everyone)} processes"
+                f"{len(everyone)} processes (the stacks of those still "
+                "running are printed above)"
             )
         time.sleep(0.2)
     # The trainers asked the servers to shut down; give them a moment.

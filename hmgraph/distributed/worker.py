@@ -20,19 +20,26 @@ RANK``, where JOB is the launcher's JSON job file:
   with ``all_reduce`` and rank 0 writes the job's result file.
 
 Every worker exits when the launcher dies (its parent changes), so a
-killed launcher leaves no orphans behind.
+killed launcher leaves no orphans behind, and prints every thread's Python
+stack on ``SIGUSR1`` (`STACKS_SIGNAL`), which the launcher sends to a job
+it stops for taking too long: the stacks say where it was stuck.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 import threading
 import time
 from pathlib import Path
 
-__all__ = ["main", "watch_parent"]
+__all__ = ["STACKS_SIGNAL", "main", "watch_parent"]
+
+#: The signal on which a worker prints its threads' Python stacks.
+STACKS_SIGNAL = signal.SIGUSR1
 
 
 def watch_parent(parent: int) -> None:
@@ -226,6 +233,7 @@ def main(argv=None) -> int:
     role, job_path, rank = argv[0], argv[1], int(argv[2])
     job = json.loads(Path(job_path).read_text())
     watch_parent(job["launcher_pid"])
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
     os.environ["DGL_DIST_MODE"] = "distributed"
     os.environ["DGL_NUM_SERVER"] = "1"
     os.environ["DGL_NUM_SAMPLER"] = "0"

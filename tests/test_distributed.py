@@ -144,6 +144,38 @@ def test_a_job_past_its_timeout_prints_where_it_was(parts, tmp_path):
     assert len(pids) == 4 and not any(_alive(pid) for pid in pids)
 
 
+def _sleepers(names):
+    from hmgraph.distributed.launcher import _Process
+
+    command = [sys.executable, "-c", "import time; time.sleep(120)"]
+    return [_Process(name, subprocess.Popen(command)) for name in names]
+
+
+def test_finished_trainers_stuck_in_shutdown_are_stopped(tmp_path):
+    """Trainers that left their ``done`` file but do not exit (DGL's
+    client shutdown can hang) are stopped after the grace period and the
+    job counts as finished; without every ``done`` file it times out."""
+    from hmgraph.distributed.launcher import LaunchError, _watch
+
+    done = [tmp_path / f"done-{rank}" for rank in range(2)]
+    done[0].write_text("done\n")
+    servers, workers = _sleepers(["server 0"]), _sleepers(
+        ["trainer 0", "trainer 1"])
+    with pytest.raises(LaunchError, match="timed out after 3 s"):
+        _watch(servers, workers, 3, print, done=done, exit_grace=1.0)
+    assert all(p.popen.poll() is not None for p in servers + workers)
+    done[1].write_text("done\n")
+    servers, workers = _sleepers(["server 0"]), _sleepers(
+        ["trainer 0", "trainer 1"])
+    lines, began = [], time.monotonic()
+    _watch(servers, workers, 60, lines.append, done=done, exit_grace=1.0)
+    assert time.monotonic() - began < 30
+    assert lines == [f"{workers[0].label}, {workers[1].label} finished but "
+                     "did not exit within 1 s (DGL's shutdown, "
+                     "dmlc/dgl#5300); stopped them"]
+    assert all(p.popen.poll() is not None for p in servers + workers)
+
+
 def test_ctrl_c_stops_every_process(parts, tmp_path):
     launcher, pids = _start_and_wait_for_a_batch(parts, tmp_path, 0)
     launcher.send_signal(signal.SIGINT)

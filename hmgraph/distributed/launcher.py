@@ -164,6 +164,7 @@ def launch(parts_dir: str | os.PathLike, trainers: int, settings: dict, *,
         "store": str(work / "rendezvous"),
         "launcher_pid": os.getpid(),
         "result": str(work / "result.json"),
+        "done": str(work / "done-{rank}"),
     }
     job_path = work / "job.json"
     job_path.write_text(json.dumps(job, indent=2))
@@ -184,7 +185,9 @@ def launch(parts_dir: str | os.PathLike, trainers: int, settings: dict, *,
                 [*command, "trainer", str(job_path), str(rank)], env=env)
             workers.append(_Process(f"trainer {rank}", popen))
             log(f"started {workers[-1].label}")
-        _watch(servers, workers, timeout, log)
+        _watch(servers, workers, timeout, log,
+               done=[Path(job["done"].format(rank=r))
+                     for r in range(trainers)])
         result = json.loads(Path(job["result"]).read_text())
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -250,9 +253,20 @@ def remove_leftovers() -> list[str]:
     return removed
 
 
-def _watch(servers, workers, timeout, log) -> None:
+#: Seconds trainers that have finished may take to exit before the
+#: launcher stops them (DGL's client shutdown can hang, dmlc/dgl#5300).
+EXIT_GRACE_SECONDS = 30.0
+
+
+def _watch(servers, workers, timeout, log, done=(),
+           exit_grace: float = EXIT_GRACE_SECONDS) -> None:
+    """Wait until every trainer has exited cleanly, or has finished
+    (its ``done`` file exists) and still runs ``exit_grace`` seconds
+    later: then it is stuck in DGL's shutdown and is stopped, the job
+    counting as finished. `LaunchError` when a process dies, a server
+    quits early or ``timeout`` passes."""
     began = time.monotonic()
-    ended = None
+    ended = finished = None
     everyone = servers + workers
     while True:
         for p in everyone:
@@ -268,6 +282,16 @@ def _watch(servers, workers, timeout, log) -> None:
                 )
         if all(p.popen.poll() == 0 for p in workers):
             break
+        if done and all(path.exists() for path in done):
+            finished = finished or time.monotonic()
+            if time.monotonic() - finished > exit_grace:
+                stuck = [p for p in workers if p.popen.poll() is None]
+                log(f"{', '.join(p.label for p in stuck)} finished but did "
+                    f"not exit within {exit_grace:g} s (DGL's shutdown, "
+                    "dmlc/dgl#5300); stopped them")
+                _dump_stacks(stuck)
+                _stop(everyone)
+                return
         if any(p.popen.poll() == 0 for p in servers):
             # Servers stop when the trainers ask them to, at the very end;
             # trainers still running well after that are stuck.

@@ -17,7 +17,8 @@ RANK``, where JOB is the launcher's JSON job file:
   Uneven numbers of batches across trainers are handled by DDP's
   ``join``. After the last epoch every trainer scores its share of the
   validation and test vertices with full neighbourhoods; counts are summed
-  with ``all_reduce`` and rank 0 writes the job's result file.
+  with ``all_reduce`` and rank 0 writes the job's result file; after the
+  last collective each trainer leaves a ``done`` file for the launcher.
 
 Every worker exits when the launcher dies (its parent changes), so a
 killed launcher leaves no orphans behind, and prints every thread's Python
@@ -205,6 +206,11 @@ def run_trainer(job: dict, rank: int) -> None:
     features.close()
     dist.barrier()
     dist.destroy_process_group()
+    # Done: what is left is DGL's own shutdown at exit, which can hang
+    # (dmlc/dgl#5300); the launcher stops a trainer stuck there.
+    done = Path(job["done"].format(rank=rank))
+    done.with_suffix(".tmp").write_text("done\n")
+    os.replace(done.with_suffix(".tmp"), done)
 
 
 def _evaluate(model, graph, features, labels, ids, num_layers, lock, device):

@@ -166,6 +166,9 @@ def launch(parts_dir: str | os.PathLike, trainers: int, settings: dict, *,
         "result": str(work / "result.json"),
         "done": str(work / "done-{rank}"),
     }
+    done = [Path(job["done"].format(rank=r)) for r in range(trainers)]
+    for path in done:  # an earlier job's, in a reused workdir
+        path.unlink(missing_ok=True)
     job_path = work / "job.json"
     job_path.write_text(json.dumps(job, indent=2))
     env = dict(os.environ, OMP_NUM_THREADS=str(settings.get("threads", 1)))
@@ -185,9 +188,7 @@ def launch(parts_dir: str | os.PathLike, trainers: int, settings: dict, *,
                 [*command, "trainer", str(job_path), str(rank)], env=env)
             workers.append(_Process(f"trainer {rank}", popen))
             log(f"started {workers[-1].label}")
-        _watch(servers, workers, timeout, log,
-               done=[Path(job["done"].format(rank=r))
-                     for r in range(trainers)])
+        _watch(servers, workers, timeout, log, done=done)
         result = json.loads(Path(job["result"]).read_text())
     finally:
         signal.signal(signal.SIGTERM, previous)

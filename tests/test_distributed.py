@@ -43,11 +43,16 @@ def _alive(pid: int) -> bool:
 
 def test_two_servers_two_trainers_match_single_process(
         parts, data_root, tmp_path, capsys):
-    # Test accuracy of one single-process run moves by up to 2 points with
-    # the seed (0.809-0.827 over seeds 0-3) and the distributed run by
-    # about 0.5 with the same seed (0.809-0.814, 6 runs; DGL's sampling
-    # servers answer in any order), so one run of each can differ by more
-    # than the 2 points allowed. The mean of three seeds cannot.
+    # The mean of three single-process seeds is 0.818-0.822 from one
+    # session to the next (DGL's sampling threads). One distributed run,
+    # partitioned afresh as this module does (METIS through DGL does not
+    # give the same parts twice), scored 0.796-0.817 in 13 runs (12
+    # repartitioned in a row: mean 0.811, std 0.0046; sampling servers
+    # answer in any order). So the two differ by about a point, and by
+    # up to 3.4 points by chance (the offset plus 3 stds of the
+    # difference, taking 0.0065 for one run): the bound catches a
+    # distributed run that learns worse than one process by more than
+    # that.
     assert main(["train", "--dataset", "synth-tiny", "--root",
                  str(data_root), "--epochs", "3", "--runs", "3",
                  "--no-progress", "--out", str(tmp_path / "single"),
@@ -64,7 +69,8 @@ def test_two_servers_two_trainers_match_single_process(
     result = json.loads((tmp_path / "dist" / "result.json").read_text())
     test_single = single["summary"]["test_mean"]
     test_dist = result["accuracy"]["test"]
-    assert abs(test_dist - test_single) <= 0.02, (test_dist, test_single)
+    assert abs(test_dist - test_single) <= 0.035, (test_dist,
+                                                    test_single)
     assert test_dist > 0.6
     trainers = result["trainers"]
     assert [t["part"] for t in trainers] == [0, 1]

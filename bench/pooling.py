@@ -37,7 +37,7 @@ WIN, TIE, LOSS = "best", "within one std", "below"
 WINS_NEEDED = 7
 EPOCH_SET, EPOCH_RATIO_MAX = "NCI1", 1.5  # HAP's epoch / DiffPool's
 #: Timed apart from the cells (`time_epochs`): epochs per run, runs.
-TIMED_EPOCHS, TIMED_REPEATS = 4, 3
+TIMED_EPOCHS, TIMED_REPEATS = 6, 3
 # {source: [protocol, {model: {dataset: "mean ± std"}}]}, 10-fold, in %.
 PUBLISHED = json.loads(Path(__file__).with_name("pooling_published.json")
                        .read_text(encoding="utf-8"))
@@ -112,12 +112,14 @@ def epoch_seconds(records, dataset, model):
 
 def time_epochs(root, grid, settings) -> dict:
     """HAP's and DiffPool's epoch on `EPOCH_SET`, timed apart from the
-    cells: per batch size of ``grid``, `TIMED_REPEATS` runs of each model
-    interleaved in this process on one thread (`hmgraph.classify.run`,
-    fold 0, `TIMED_EPOCHS` epochs with validation, no early stop), thread
-    CPU seconds per epoch, the fastest run of each. The cells' own
-    seconds depend on what ran beside them, in this session or another.
+    cells: per batch size of ``grid``, `TIMED_REPEATS` rounds of one run
+    of each model, interleaved in this process on one thread
+    (`hmgraph.classify.run`, fold 0, `TIMED_EPOCHS` epochs, no early
+    stop); an epoch (training and validation) is the median of the
+    rounds' epoch seconds but each run's first. The cells' own seconds
+    depend on what ran beside them, in this session or another.
     """
+    import statistics
     import tempfile
 
     import torch
@@ -132,18 +134,17 @@ def time_epochs(root, grid, settings) -> dict:
         for size in sizes:
             seconds = {"hap": [], "diffpool": []}
             for _ in range(TIMED_REPEATS):
-                for model, runs in seconds.items():
+                for model, epochs in seconds.items():
                     config = ClassifyConfig(
                         dataset=EPOCH_SET, root=str(root), model=model,
                         **dict(settings, batch_size=size, max_folds=1,
                                epochs=TIMED_EPOCHS, patience=TIMED_EPOCHS),
                         out=folder, progress=False)
-                    began = time.thread_time()
-                    run(config, data)
-                    runs.append((time.thread_time() - began) / TIMED_EPOCHS)
-            best = {m: min(v) for m, v in seconds.items()}
-            out[str(size)] = {**best, "seconds": seconds,
-                              "ratio": best["hap"] / best["diffpool"]}
+                    history = run(config, data)["folds"][0]["history"]
+                    epochs += [e["seconds"] for e in history[1:]]
+            median = {m: statistics.median(v) for m, v in seconds.items()}
+            out[str(size)] = {**median, "seconds": seconds,
+                              "ratio": median["hap"] / median["diffpool"]}
     torch.set_num_threads(threads)
     return {"batch_sizes": out, "epochs": TIMED_EPOCHS,
             "repeats": TIMED_REPEATS, "commit": common.commit(),
@@ -273,9 +274,10 @@ def markdown(report) -> str:
         lines += ["", f"Epoch time (target 3), timed apart from the cells "
                   f"(`--time-epochs`, commit `{timing['commit']['sha']}`, "
                   f"load average {timing['loadavg'][0]:.1f}): {EPOCH_SET} "
-                  f"fold 0, {timing['epochs']} epochs with validation, "
-                  f"fastest of {timing['repeats']} interleaved runs, thread "
-                  "CPU seconds per epoch on one thread: " + "; ".join(
+                  f"fold 0, {timing['repeats']} interleaved runs of "
+                  f"{timing['epochs']} epochs on one thread, the median "
+                  "seconds of an epoch (training and validation) but the "
+                  "first of each run: " + "; ".join(
                       f"batch {b}: HAP {v['hap']:.3f}, DiffPool "
                       f"{v['diffpool']:.3f}" for b, v in sizes.items())
                   + "."]

@@ -273,6 +273,7 @@ def _train_fold(config, dataset, split, fold, device, bar) -> dict:
     train_ids = split["train"]
     for epoch in range(config.epochs):
         # (1) One epoch of mini-batches in a seeded order.
+        began = time.perf_counter()
         model.train()
         order = torch.randperm(len(train_ids), generator=torch.Generator()
                                .manual_seed(seed + epoch))
@@ -292,7 +293,8 @@ def _train_fold(config, dataset, split, fold, device, bar) -> dict:
         valid = evaluate(model, dataset, split["valid"], device)
         history.append({"epoch": epoch, "loss": total / max(count, 1),
                         "valid_loss": valid["loss"],
-                        "valid": valid["metric"]})
+                        "valid": valid["metric"],
+                        "seconds": time.perf_counter() - began})
         key = (valid["metric"], -valid["loss"])
         if best is None or key > best:
             best, stale = key, 0
@@ -333,8 +335,10 @@ def run(config: ClassifyConfig, dataset=None) -> dict:
     dict
         ``config``, ``dataset`` (name, counts), ``protocol``, ``metric``,
         ``folds`` (per fold: best epoch, valid and test metric, seconds,
-        history), ``summary`` (``test_mean``, ``test_std``, ``valid_mean``,
-        ``folds_run``) and ``path``.
+        history: per epoch the training loss, validation loss and metric,
+        and the epoch's seconds, training and validation), ``summary``
+        (``test_mean``, ``test_std``, ``valid_mean``, ``folds_run``) and
+        ``path``.
     """
     from hmgraph.models.pooling import POOLING_MODELS
 

@@ -176,7 +176,7 @@ def test_a_set_with_cells_missing_is_not_judged():
 def test_epoch_time_is_timed_apart_and_judged_per_batch_size(
         shared_data, monkeypatch):
     """Target 3 comes from `time_epochs` (both models in one process, the
-    fastest of its runs), one row per batch size of the grid."""
+    median epoch of their runs), one row per batch size of the grid."""
     monkeypatch.setattr(bench, "EPOCH_SET", "MUTAG")
     monkeypatch.setattr(bench, "TIMED_EPOCHS", 3)
     monkeypatch.setattr(bench, "TIMED_REPEATS", 2)

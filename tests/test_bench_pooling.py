@@ -203,5 +203,6 @@ def test_epoch_time_is_timed_apart_and_judged_per_batch_size(
               "epoch_timing": timing}
     text = bench.markdown(report)
     ratio = timing["batch_sizes"]["128"]["ratio"]
-    assert f"DiffPool's on MUTAG, batch 128 | {ratio:.3g} |" in text
+    row = text.split("DiffPool's on MUTAG, batch 128 | ")[1]
+    assert float(row.split(" |")[0]) == pytest.approx(ratio, abs=0.005)
     assert "2 interleaved runs of 3 epochs" in text

@@ -182,6 +182,10 @@ class CachePlan:
         budget before the cache gets the rest.
     reuse_rate : float
         Share of rows the reuse buffers served on the profile.
+    reuse_resident_rows : int
+        Rows left out when sizing the reuse buffers: those the device
+        tier holds for good, which batch reuse never keeps (0: sized on
+        every row).
     staging_rows : int
         Host rows set aside for window read planning (rows the next
         batches need, brought along by this batch's block reads), taken
@@ -203,6 +207,7 @@ class CachePlan:
     reuse_levels: int = 0
     reuse_rows: int = 0
     reuse_rate: float = 0.0
+    reuse_resident_rows: int = 0
     staging_rows: int = 0
     host_metadata_charged: bool = True
 
@@ -274,7 +279,11 @@ class CachePlan:
         if self.reuse_levels:
             text += (f"; reuse {self.reuse_levels} level(s) of "
                      f"{self.reuse_rows} device rows (profiled reuse "
-                     f"{self.reuse_rate:.1%})")
+                     f"{self.reuse_rate:.1%}")
+            if self.reuse_resident_rows:
+                text += (f", sized without the {self.reuse_resident_rows} "
+                         f"rows the device holds for good")
+            text += ")"
         return text
 
 
@@ -282,7 +291,8 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
               device_budget_bytes: int, host_budget_bytes: int, *,
               counts: torch.Tensor | None = None,
               trace: Sequence[torch.Tensor] = (), window: int = 4,
-              reuse_levels: int = 0, staging: float = 0.0) -> CachePlan:
+              reuse_levels: int = 0, staging: float = 0.0,
+              trace_covers_epoch: bool = False) -> CachePlan:
     """Plan a cache within the budgets.
 
     Parameters
@@ -309,6 +319,13 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
     staging : float
         Share of the host budget for window read planning, in [0, 1)
         (see `hmgraph.cache.coordinated`); the host tier gets the rest.
+    trace_covers_epoch : bool
+        Whether ``trace`` holds every batch of an epoch. Batch reuse
+        keeps no row the device tier holds for good; with a static tier
+        on the device (``hmgraph``, ``presample``) and a trace of the
+        whole epoch, the buffers are sized again without those rows, and
+        what they give back goes to the cache. A shorter trace does not
+        show which rows the other batches share outside that tier.
 
     Returns
     -------
@@ -339,47 +356,97 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
                          f"{names}")
     if row_bytes <= 0:
         raise ValueError(f"row_bytes must be positive, got {row_bytes}")
-    device_rows = device_budget_bytes // row_bytes
-    reuse_rows, reuse_rate = 0, 0.0
-    if reuse_levels:
-        if not trace:
-            raise ValueError("batch reuse needs a profiled trace to size "
-                             "its buffers")
-        table = num_rows * TABLE_BYTES_PER_ROW
-        if device_budget_bytes < table:
-            raise ValueError(
-                f"batch reuse needs {table} bytes of device memory for its "
-                f"id table ({TABLE_BYTES_PER_ROW} per node) besides its "
-                f"buffers; the device budget is {device_budget_bytes} "
-                f"bytes: raise it"
-            )
-        device_rows = (device_budget_bytes - table) // row_bytes
-        profile = reuse_profile(trace, reuse_levels)
-        # Headroom: the epoch's samples are not the profile's.
-        profiled = max(profile["rows_per_level"])
-        reuse_rows = min(-(-profiled * REUSE_HEADROOM_PERCENT // 100),
-                         device_rows // reuse_levels)
-        reuse_rate = profile["reuse_rate"]
-        device_rows -= reuse_levels * reuse_rows
     if not 0.0 <= staging < 1.0:
         raise ValueError(f"staging must be a share of the host budget in "
                          f"[0, 1), got {staging}")
-    device_rows = 0 if policy == "none" else min(num_rows, device_rows)
-    host_rows, staging_rows, charged = _host_rows(
-        policy, num_rows, row_bytes, device_rows, host_budget_bytes,
-        staging)
-    plan = CachePlan(policy, num_rows, row_bytes, device_rows, host_rows,
-                     reuse_levels=reuse_levels, reuse_rows=reuse_rows,
-                     reuse_rate=reuse_rate, staging_rows=staging_rows,
-                     host_metadata_charged=charged)
-    if policy == "hmgraph":
-        if counts is None:
-            raise ValueError("the hmgraph plan needs profiled counts")
-        plan.window = window
-        plan.static_rows, plan.curve = _choose_static(
-            num_rows, device_rows + host_rows, counts, list(trace), window)
+    if policy == "hmgraph" and counts is None:
+        raise ValueError("the hmgraph plan needs profiled counts")
+    device_rows = device_budget_bytes // row_bytes
+    if not reuse_levels:
+        plan = _layout(policy, num_rows, row_bytes, device_rows,
+                       host_budget_bytes, staging, counts, trace, window)
+        log.info("%s", plan.describe())
+        return plan
+    if not trace:
+        raise ValueError("batch reuse needs a profiled trace to size its "
+                         "buffers")
+    table = num_rows * TABLE_BYTES_PER_ROW
+    if device_budget_bytes < table:
+        raise ValueError(
+            f"batch reuse needs {table} bytes of device memory for its id "
+            f"table ({TABLE_BYTES_PER_ROW} per node) besides its buffers; "
+            f"the device budget is {device_budget_bytes} bytes: raise it")
+    device_rows = (device_budget_bytes - table) // row_bytes
+
+    def with_ring(resident, first=None) -> CachePlan:
+        profile = reuse_profile(trace, reuse_levels, resident)
+        # Headroom: the epoch's samples are not the profile's.
+        profiled = max(profile["rows_per_level"])
+        rows = min(-(-profiled * REUSE_HEADROOM_PERCENT // 100),
+                   device_rows // reuse_levels)
+        plan = _layout(policy, num_rows, row_bytes,
+                       device_rows - reuse_levels * rows, host_budget_bytes,
+                       staging, counts, trace, window, first)
+        plan.reuse_levels, plan.reuse_rows = reuse_levels, rows
+        plan.reuse_rate = profile["reuse_rate"]
+        plan.reuse_resident_rows = 0 if resident is None else int(
+            resident.sum())
+        return plan
+
+    # The ring sized on every profiled row, then without the rows that
+    # layout's device tier holds for good (`BatchReuse` keeps none); what
+    # it gives back goes to the cache, which holds those rows and more.
+    plan = with_ring(None)
+    resident = _device_resident(plan, counts) if trace_covers_epoch \
+        else None
+    if resident is not None:
+        second = with_ring(resident, plan)
+        if second.reuse_rows < plan.reuse_rows:
+            plan = second
     log.info("%s", plan.describe())
     return plan
+
+
+def _layout(policy, num_rows, row_bytes, device_rows, host_budget, staging,
+            counts, trace, window, first=None) -> CachePlan:
+    """The plan with ``device_rows`` device rows and what the host budget
+    holds besides; for ``hmgraph`` the static split replayed on the
+    profile (`_choose_static`), or, given a ``first`` plan of fewer
+    rows, the same share of the cache and at least its static rows."""
+    device_rows = 0 if policy == "none" else min(num_rows, device_rows)
+    host_rows, staging_rows, charged = _host_rows(
+        policy, num_rows, row_bytes, device_rows, host_budget, staging)
+    plan = CachePlan(policy, num_rows, row_bytes, device_rows, host_rows,
+                     staging_rows=staging_rows,
+                     host_metadata_charged=charged)
+    if policy != "hmgraph":
+        return plan
+    plan.window, capacity = window, device_rows + host_rows
+    if first is None:
+        plan.static_rows, plan.curve = _choose_static(
+            num_rows, capacity, counts, list(trace), window)
+    else:
+        before = first.device_rows + first.host_rows
+        share = first.static_rows / before if before else 1.0
+        plan.static_rows = min(capacity, max(first.static_rows,
+                                             round(share * capacity)))
+        plan.curve = first.curve
+    return plan
+
+
+def _device_resident(plan: CachePlan, counts) -> torch.Tensor | None:
+    """Rows ``plan``'s device tier holds for good
+    (`FeatureCache.static_on_device`), a bool per row: the hottest by
+    ``counts``, as many as the device holds of the static rows
+    (``hmgraph``) or all its rows (``presample``); None for none."""
+    rows = {"hmgraph": plan.device_static_rows,
+            "presample": plan.device_rows}.get(plan.policy, 0)
+    if counts is None or rows == 0:
+        return None
+    hottest = torch.argsort(counts.double(), descending=True, stable=True)
+    resident = torch.zeros(plan.num_rows, dtype=torch.bool)
+    resident[hottest[:rows]] = True
+    return resident
 
 
 def _host_rows(policy, num_rows, row_bytes, device_rows, budget, staging):

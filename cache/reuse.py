@@ -78,13 +78,16 @@ def member(ids: torch.Tensor, sorted_ids: torch.Tensor):
     return found, position[found]
 
 
-def reuse_profile(trace: Sequence[torch.Tensor], levels: int) -> dict:
+def reuse_profile(trace: Sequence[torch.Tensor], levels: int,
+                  resident: torch.Tensor | None = None) -> dict:
     """Rows batch reuse holds and serves on a profiled trace.
 
     What `BatchReuse` does with a lookahead: batch t keeps the rows that
     batch t+1 asks for and, with two levels, those that only batch t+2
     asks for; the latter stay one batch longer. Every row one of the last
-    ``levels`` batches had is served.
+    ``levels`` batches had is served. Rows the cache below serves on the
+    device for good (``resident``) are neither kept nor reused, as in
+    `BatchReuse`, but count as requested.
 
     Parameters
     ----------
@@ -92,6 +95,8 @@ def reuse_profile(trace: Sequence[torch.Tensor], levels: int) -> dict:
         Sorted unique input ids per batch, in order.
     levels : int
         1 or 2.
+    resident : torch.Tensor, optional
+        Bool per row: rows the device tier holds for good.
 
     Returns
     -------
@@ -105,14 +110,16 @@ def reuse_profile(trace: Sequence[torch.Tensor], levels: int) -> dict:
             return torch.zeros(len(trace[t]), dtype=torch.bool)
         return member(trace[t], trace[t + distance])[0]
 
-    most = reused = requested = 0
+    requested = sum(ids.numel() for ids in trace)
+    if resident is not None:
+        trace = [ids[~resident[ids]] for ids in trace]
+    most = reused = 0
     later = 0  # rows the last batch kept for the batch after next only
     for t, ids in enumerate(trace):
         recent = trace[max(0, t - levels):t]
         if recent:
             reused += int(member(ids, torch.unique(torch.cat(
                 list(recent))))[0].sum())
-        requested += ids.numel()
         upcoming = kept(t, 1)
         held = int(upcoming.sum())
         if levels == 2:

@@ -485,7 +485,9 @@ class DataLoader:
                 counts=self._hotness(),
                 trace=() if self.profile is None else self.profile.trace,
                 window=4 if window is None else window,
-                reuse_levels=levels, staging=staging)
+                reuse_levels=levels, staging=staging,
+                trace_covers_epoch=self.profile is not None
+                and self.profile.num_batches >= len(self))
         degrees = None
         if plan.policy == "degree":
             degrees = sum((self.graph.in_degrees(etype=e) for e in

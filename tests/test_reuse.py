@@ -220,12 +220,12 @@ def test_plan_takes_reuse_out_of_the_device_budget():
     counts = torch.zeros(NUM_ROWS, dtype=torch.int64)
     table = TABLE_BYTES_PER_ROW * NUM_ROWS
     budget = 200 * 20 + table
-    plan = make_plan("hmgraph", NUM_ROWS, 20, budget, 50 * 20,
+    plan = make_plan("lru", NUM_ROWS, 20, budget, 50 * 20,
                      counts=counts, trace=trace, reuse_levels=2)
     # Each batch keeps the 20 rows the next one shares (none reach two
     # ahead): 20 rows held at most, shared by the two levels, 10 each,
     # with 25% headroom: 13.
-    assert plan.reuse_rows == 13
+    assert plan.reuse_rows == 13 and plan.reuse_resident_rows == 0
     assert plan.device_rows == 200 - 2 * 13
     assert "reuse 2 level(s) of 13 device rows" in plan.describe()
     assert plan.as_dict()["reuse_bytes"] == 2 * 13 * 20 + table
@@ -234,6 +234,37 @@ def test_plan_takes_reuse_out_of_the_device_budget():
                        "memory for its id table"):
         make_plan("none", NUM_ROWS, 20, table - 1, 0, trace=trace,
                   reuse_levels=1)
+
+
+def test_reuse_buffers_are_sized_without_the_rows_the_device_holds():
+    """A static device tier serves its rows for good, so batch reuse keeps
+    none of them: the buffers are sized again without them, and the rows
+    they give back go to the cache."""
+    trace = [torch.arange(i, i + 40) for i in range(0, 100, 20)]
+    counts = torch.zeros(NUM_ROWS, dtype=torch.int64)
+    hot = torch.cat([torch.arange(i, i + 10) for i in (20, 40, 60, 80)])
+    counts[hot] = 5  # half of each overlap of two batches
+    table = TABLE_BYTES_PER_ROW * NUM_ROWS
+    plan = make_plan("presample", NUM_ROWS, 20, 66 * 20 + table, 0,
+                     counts=counts, trace=trace, reuse_levels=2,
+                     trace_covers_epoch=True)
+    # First layout: 13 rows per level (as above) and 66 - 26 = 40 device
+    # rows, the hot ones. Without them each batch keeps 10 rows for the
+    # next: 5 per level, 7 with headroom; the device gets 52.
+    assert plan.reuse_resident_rows == 40
+    assert plan.reuse_rows == 7 and plan.device_rows == 66 - 2 * 7
+    assert "sized without the 40 rows the device holds" in plan.describe()
+    resident = torch.zeros(NUM_ROWS, dtype=torch.bool)
+    resident[hot] = True
+    profile = reuse_profile(trace, 2, resident)
+    assert profile["rows_per_level"] == [5, 5]
+    # Rows 30-39, 50-59, 70-79, 90-99 reused, of 200 requested.
+    assert profile["reuse_rate"] == 40 / 200
+    # A trace of part of the epoch does not show what the other batches
+    # share outside the device tier: one sizing.
+    plan = make_plan("presample", NUM_ROWS, 20, 66 * 20 + table, 0,
+                     counts=counts, trace=trace, reuse_levels=2)
+    assert plan.reuse_rows == 13 and plan.reuse_resident_rows == 0
 
 
 SEED_ORDERS = {"shuffled": True, "in-order": False}

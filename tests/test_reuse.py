@@ -270,6 +270,31 @@ def test_reuse_buffers_are_sized_without_the_rows_the_device_holds():
 SEED_ORDERS = {"shuffled": True, "in-order": False}
 
 
+@pytest.mark.parametrize("cache", ["hmgraph", "presample"])
+def test_buffers_sized_without_pinned_rows_return_file_rows(tiny, cache):
+    """A profile of the whole epoch: the plan sizes the buffers again
+    without the rows the device tier pins, and rows stay exact."""
+    seeds, row_bytes = tiny.split["train"][:700], tiny.features.shape[1] * 4
+    loader = hmgraph.DataLoader(
+        tiny.graph, seeds, dgl.dataloading.NeighborSampler([4, 4]),
+        batch_size=96, shuffle=True, features=tiny.feature_path,
+        cache=cache, device_budget_bytes=1500 * row_bytes
+        + TABLE_BYTES_PER_ROW * tiny.graph.num_nodes(),
+        host_budget_bytes=1000 * row_bytes, prefetch=2, reuse="two-level",
+        profile_batches=len(seeds) // 96 + 1)
+    plan = loader.plan
+    assert plan.reuse_resident_rows > 0
+    assert plan.device_rows + 2 * plan.reuse_rows <= 1500
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        for batch in loader:
+            assert torch.equal(batch.x, tiny.features[batch.input_nodes])
+    stats = loader.stats.as_dict()["reuse"]
+    assert stats["reused"]["level1"] > 0 and stats["reused"]["level2"] > 0
+    assert loader.feature.nbytes <= plan.as_dict()["reuse_bytes"]
+    loader.close()
+
+
 @pytest.mark.parametrize("reuse", ["one-level", "two-level"])
 @pytest.mark.parametrize("cache", [None, "hmgraph", "lru", "presample"])
 @pytest.mark.parametrize("shuffle", SEED_ORDERS.values(),
@@ -292,6 +317,8 @@ def test_loader_with_reuse_returns_file_rows(tiny, reuse, cache, shuffle):
             assert torch.equal(batch.y, tiny.labels[batch.output_nodes])
             sizes.append(batch.output_nodes.numel())
     assert sizes[-1] == 700 % 96  # a smaller last batch
+    # 4 profiled batches of 8: the buffers are sized once, on every row.
+    assert loader.plan.reuse_resident_rows == 0
     stats = loader.stats.as_dict()["reuse"]
     assert stats["reused"]["level1"] > 0
     if reuse == "one-level":

@@ -321,11 +321,12 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
         (see `hmgraph.cache.coordinated`); the host tier gets the rest.
     trace_covers_epoch : bool
         Whether ``trace`` holds every batch of an epoch. Batch reuse
-        keeps no row the device tier holds for good; with a static tier
-        on the device (``hmgraph``, ``presample``) and a trace of the
-        whole epoch, the buffers are sized again without those rows, and
-        what they give back goes to the cache. A shorter trace does not
-        show which rows the other batches share outside that tier.
+        keeps no row the device tier holds for good, so with a static
+        tier on the device (``hmgraph``, ``presample``) the buffers are
+        sized again without those rows, and what they give back goes to
+        the cache. A trace of the whole epoch is used as it is; a shorter
+        one is held out, as the epoch's other batches: rows pinned by the
+        counts of its first half, the buffers sized on its second.
 
     Returns
     -------
@@ -378,8 +379,8 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
             f"the device budget is {device_budget_bytes} bytes: raise it")
     device_rows = (device_budget_bytes - table) // row_bytes
 
-    def with_ring(resident, first=None) -> CachePlan:
-        profile = reuse_profile(trace, reuse_levels, resident)
+    def with_ring(sizing, resident=None, first=None) -> CachePlan:
+        profile = reuse_profile(sizing, reuse_levels, resident)
         # Headroom: the epoch's samples are not the profile's.
         profiled = max(profile["rows_per_level"])
         rows = min(-(-profiled * REUSE_HEADROOM_PERCENT // 100),
@@ -396,11 +397,19 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
     # The ring sized on every profiled row, then without the rows that
     # layout's device tier holds for good (`BatchReuse` keeps none); what
     # it gives back goes to the cache, which holds those rows and more.
-    plan = with_ring(None)
-    resident = _device_resident(plan, counts) if trace_covers_epoch \
-        else None
+    # A trace of part of the epoch is split: rows pinned by the first
+    # half's counts, the ring sized on the second half, as an epoch's
+    # batches the profile did not see.
+    plan = with_ring(trace)
+    sizing, hotness = trace, counts
+    if not trace_covers_epoch:
+        half = len(trace) // 2
+        sizing, hotness = trace[half:], torch.bincount(
+            torch.cat(list(trace[:half])), minlength=num_rows) if half \
+            else None
+    resident = _device_resident(plan, hotness)
     if resident is not None:
-        second = with_ring(resident, plan)
+        second = with_ring(sizing, resident, plan)
         if second.reuse_rows < plan.reuse_rows:
             plan = second
     log.info("%s", plan.describe())

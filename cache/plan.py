@@ -404,9 +404,9 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
     sizing, hotness = trace, counts
     if not trace_covers_epoch:
         half = len(trace) // 2
-        sizing, hotness = trace[half:], torch.bincount(
-            torch.cat(list(trace[:half])), minlength=num_rows) if half \
-            else None
+        sizing = trace[half:]
+        hotness = torch.bincount(torch.cat(list(trace[:half])),
+                                 minlength=num_rows) if half else None
     resident = _device_resident(plan, hotness)
     if resident is not None:
         second = with_ring(sizing, resident, plan)

@@ -401,12 +401,10 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
     # half's counts, the ring sized on the second half, as an epoch's
     # batches the profile did not see.
     plan = with_ring(trace)
-    sizing, hotness = trace, counts
+    hotness, sizing = counts, trace
     if not trace_covers_epoch:
-        half = len(trace) // 2
-        sizing = trace[half:]
-        hotness = torch.bincount(torch.cat(list(trace[:half])),
-                                 minlength=num_rows) if half else None
+        hotness, sizing = _held_out(trace, num_rows) if len(trace) >= 2 \
+            else (None, trace)
     resident = _device_resident(plan, hotness)
     if resident is not None:
         second = with_ring(sizing, resident, plan)
@@ -504,22 +502,28 @@ def _host_rows(policy, num_rows, row_bytes, device_rows, budget, staging):
     return _fit(held, free, limit), staging_rows, True
 
 
-def _choose_static(num_rows, capacity, counts, trace, window):
-    """Static rows with the best replayed hit rate on the profile."""
-    if capacity == 0 or len(trace) < 2:
-        return capacity, []
-    # Hotness from the first half, replay on the second: a static part is
-    # judged on batches it was not chosen from.
+def _held_out(trace, num_rows) -> tuple:
+    """A profile split in two: accesses per row over the first half of
+    ``trace`` (int64), and the second half, as batches not seen."""
     half = len(trace) // 2
     hotness = torch.zeros(num_rows, dtype=torch.int64)
     for ids in trace[:half]:
         hotness[ids] += 1
+    return hotness, trace[half:]
+
+
+def _choose_static(num_rows, capacity, counts, trace, window):
+    """Static rows with the best replayed hit rate on the profile."""
+    if capacity == 0 or len(trace) < 2:
+        return capacity, []
+    # A static part is judged on batches it was not chosen from.
+    hotness, held_out = _held_out(trace, num_rows)
     curve = []
     for share in STATIC_SHARES:
         static_rows = int(round(share * capacity))
         policy = make_policy("hmgraph", num_rows, capacity, hotness=hotness,
                              static_rows=static_rows, window=window)
-        rate = replay(policy, trace[half:])
+        rate = replay(policy, held_out)
         curve.append({"static_share": share, "static_rows": static_rows,
                       "hit_rate": rate})
     # The highest hit rate; on a tie the larger static part (no refills).

@@ -397,19 +397,31 @@ class FeatureCache(Feature):
         assert admit.numel() == 0, "policy admitted more than it can hold"
 
     def _warm(self, layer: Layer) -> None:
+        """Fill ``layer``'s stores with its policy's warm set.
+
+        The ranking decides the store (the first, the device's, takes the
+        most valuable rows); the rows are read in file order, chunk by
+        chunk, so the fill reads each part of the file once. Chunks taken
+        in rank order would each span the whole file: a 60 % static tier
+        of synth-products read 15.5 GB to fill 576 MB.
+        """
         ids = layer.policy.warm()
-        stores = iter(layer.stores)
-        store = next(stores, None)
+        if ids.numel() == 0:
+            return
+        bounds = torch.tensor([s.num_free for s in layer.stores]).cumsum(0)
+        assert ids.numel() <= int(bounds[-1]), "warm set larger than the layer"
+        store_of = torch.searchsorted(bounds, torch.arange(ids.numel()),
+                                      right=True)
+        order = ids.argsort()
+        ids, store_of = ids[order], store_of[order]
         for start in range(0, ids.numel(), _WARM_CHUNK_ROWS):
             chunk = ids[start:start + _WARM_CHUNK_ROWS]
+            where = store_of[start:start + _WARM_CHUNK_ROWS]
             rows = self.source.read(chunk)
-            while chunk.numel():
-                while store is not None and store.num_free == 0:
-                    store = next(stores, None)
-                assert store is not None, "warm set larger than the layer"
-                take = min(store.num_free, chunk.numel())
-                store.insert(chunk[:take], rows[:take])
-                chunk, rows = chunk[take:], rows[take:]
+            for index, store in enumerate(layer.stores):
+                take = where == index
+                if take.any():
+                    store.insert(chunk[take], rows[take])
 
     def close(self) -> None:
         """Close the source."""

@@ -281,6 +281,31 @@ def test_static_policies_fill_the_hottest_rows_device_first(rows):
     assert degrees[device.id_of].min() > degrees[host.id_of].max()
 
 
+@pytest.mark.parametrize("policy", ["presample", "hmgraph"])
+def test_static_fill_reads_the_file_in_order(rows, feature_path, monkeypatch,
+                                             policy):
+    # Chunks of 16 rows; in rank order each would span most of the file.
+    monkeypatch.setattr("hmgraph.cache.coordinated._WARM_CHUNK_ROWS", 16)
+    source = make_source("storage", rows, feature_path)
+    chunks, read = [], source.read
+    monkeypatch.setattr(source, "read", lambda ids: chunks.append(ids)
+                        or read(ids))
+    with make_cache(policy, BUDGETS["small"], source) as cache:
+        device, host = cache.stores
+        warm = cache.layers[0].policy.warm()
+        assert len(chunks) > 2 and torch.equal(torch.cat(chunks),
+                                               warm.sort().values)
+        # File order: no block is read twice but where two chunks meet.
+        blocks = -(-feature_path.stat().st_size // source.stats.block_bytes)
+        assert source.stats.blocks_read <= blocks + len(chunks)
+        # The ranking still decides the store: the device's are the first.
+        assert set(device.id_of.tolist()) == set(
+            warm[:device.capacity].tolist())
+        assert set(host.id_of[host.id_of >= 0].tolist()) == set(
+            warm[device.capacity:].tolist())
+        check_feature_contract(cache, rows, warm)
+
+
 def test_hmgraph_plan_is_chosen_from_the_profile(rows):
     trace = profile_trace(batches=10)
     counts = torch.zeros(NUM_ROWS, dtype=torch.int64)

@@ -335,7 +335,8 @@ class FeatureCache(Feature):
         self.stats.requests += 1
         self.stats.rows_requested += unique.numel()
         self.stats.seconds += time.perf_counter() - start
-        return out if inverse is None else out[inverse.to(self.device)]
+        return out if inverse is None else out.index_select(
+            0, inverse.to(self.device))
 
     def _mark_window(self, future) -> None:
         """Per row: batches until its first use in the window (1: the next
@@ -475,4 +476,5 @@ class FrozenView(Feature):
         self.stats.requests += 1
         self.stats.rows_requested += unique.numel()
         self.stats.seconds += time.perf_counter() - start
-        return out if inverse is None else out[inverse.to(self.device)]
+        return out if inverse is None else out.index_select(
+            0, inverse.to(self.device))

@@ -56,22 +56,25 @@ class Lazy:
 
 
 def graphs(item) -> list:
-    """The DGL graphs of a batch, depth first (tuples, lists, dicts)."""
+    """The DGL graphs of a batch, depth first (tuples, lists, dicts).
+
+    A loop over a stack, not a recursive closure: a nested function that
+    calls itself is a reference cycle, and the cycle held ``found``, so a
+    dropped batch's graphs and features waited for the garbage collector
+    (synth-igb, 1.2 GB of rows per batch: a loader-only pass peaked at
+    15.1 GB instead of 7.6).
+    """
     from dgl import DGLGraph
 
-    found = []
-
-    def walk(x):
+    found, stack = [], [item]
+    while stack:
+        x = stack.pop()
         if isinstance(x, DGLGraph):
             found.append(x)
         elif isinstance(x, Mapping):
-            for value in x.values():
-                walk(value)
+            stack.extend(reversed(list(x.values())))
         elif isinstance(x, (list, tuple)):
-            for value in x:
-                walk(value)
-
-    walk(item)
+            stack.extend(reversed(x))
     return found
 
 

@@ -769,10 +769,10 @@ def release_freed_memory() -> bool:
     """Hand memory freed by this process back to the system, at an epoch's
     end.
 
-    Two things hold freed batches: DGL's blocks sit in reference cycles, so
-    up to tens of MB of them wait for the cycle collector's rare full pass
-    (a 3-epoch run's memory after the trim went 70, 82, 101 MB without a
-    collection, a flat 14-15 MB with one); and glibc keeps freed tensors in
+    Batches are freed by reference counting as soon as they are dropped
+    (`tests/test_loader.py` checks it with the collector off), but two
+    things keep memory: DGL's ctypes handles sit in small reference cycles
+    that wait for the cycle collector; and glibc keeps freed tensors in
     its arenas (over 50 epochs on synth-small RSS grew by about 300 MB with
     no more bytes held, `bench/soak.py`). A full collection, then glibc's
     ``malloc_trim``, hands both back.

@@ -152,7 +152,9 @@ def test_hap_coarse_rows_are_masked_weighted_means(monkeypatch):
     with torch.no_grad():
         model(graph, features.double())
     (_, h), (coarse, rows, stability) = seen[0]
-    member = members[0]
+    # The input level is sparse: memberships come per node, (nodes, K).
+    assert members[0].shape == (sum(SIZES), 32)
+    member = to_dense_batch(members[0], torch.tensor(SIZES))[0]
     # ceil(n / 4) super-nodes, at most 32 (140 nodes: 35 -> 32).
     assert coarse.sizes.tolist() == [1, 1, 2, 3, 5, 32]
     assert rows.shape == (len(SIZES), 32, HIDDEN)
@@ -295,6 +297,69 @@ def test_sparse_and_dense_levels_agree():
                                dense.aggregate(sparse.to_dense(x), True))
     torch.testing.assert_close(sparse.readout(x),
                                dense.readout(sparse.to_dense(x)))
+
+
+def test_graph_matmul_pads_graphs_by_size_group():
+    """Per graph ``a^T b`` on a sparse level equals the product of the
+    batch padded to its largest graph, values and gradients, with and
+    without per-graph column bounds; the groups pad far less."""
+    from hmgraph.models.hierarchy import MERGE_ROWS
+
+    sizes = torch.tensor([1, 3, 0, 17, 40, 5, 2, 600, 4, 33])
+    none = torch.zeros(0, dtype=torch.int64)
+    level = GraphLevel.sparse(sizes, none, none)
+    gen = torch.Generator().manual_seed(0)
+    cols = torch.tensor([1, 2, 1, 5, 6, 2, 1, 6, 1, 4])
+    a = torch.rand(int(sizes.sum()), 6, generator=gen, dtype=torch.float64)
+    a = a * (torch.arange(6) < cols[level.batch].unsqueeze(1))
+    b = torch.rand(int(sizes.sum()), 5, generator=gen, dtype=torch.float64)
+    for a_cols, right in ((None, b), (cols, b), (cols, a)):
+        b_cols = cols if right is a else None
+        x, y = a.clone().requires_grad_(), right.clone().requires_grad_()
+        got = level.graph_matmul(x, y, a_cols, b_cols)
+        weights = torch.rand(got.shape, generator=gen, dtype=torch.float64)
+        (got * weights).sum().backward()
+        want_x, want_y = a.clone().requires_grad_(), \
+            right.clone().requires_grad_()
+        want = (to_dense_batch(want_x, sizes)[0].transpose(1, 2)
+                @ to_dense_batch(want_y, sizes)[0])
+        (want * weights).sum().backward()
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(x.grad, want_x.grad)
+        torch.testing.assert_close(y.grad, want_y.grad)
+    groups, _, _ = level.size_groups()
+    assert sorted(g for graphs, _ in groups for g in graphs) == list(
+        range(len(sizes)))
+    for graphs, width in groups:
+        assert width == max(int(sizes[g]) for g in graphs)
+    assert ([7], 600) in groups  # the large graph pads no small one
+    padded = sum(len(graphs) * width for graphs, width in groups)
+    assert padded <= int(sizes.sum()) + MERGE_ROWS < len(sizes) * 600
+
+
+def test_coarsening_a_sparse_level_matches_its_dense_form():
+    """``S^T A S`` from the sparse input level (size groups, HAP's
+    per-graph super-node counts) equals the padded dense computation."""
+    graph, _ = make_batch()
+    sparse = GraphLevel.from_graph(graph, "cpu")
+    src, dst = graph.edges()
+    starts = sparse.sizes.cumsum(0) - sparse.sizes
+    pos = torch.arange(graph.num_nodes()) - starts[sparse.batch]
+    width = int(sparse.sizes.max())
+    adj = torch.zeros(len(SIZES), width, width, dtype=torch.float64)
+    adj[sparse.batch[dst], pos[dst], pos[src]] = 1.0
+    dense = GraphLevel(sparse.sizes, sparse.mask, adj=adj)
+    counts = torch.tensor([1, 1, 2, 3, 5, 8])
+    clusters = torch.arange(8) < counts.unsqueeze(1)
+    logits = torch.randn(graph.num_nodes(), 8, dtype=torch.float64,
+                         generator=torch.Generator().manual_seed(1))
+    assign = torch.softmax(logits.masked_fill(
+        ~clusters[sparse.batch], -math.inf), -1)
+    got = pooling.coarsen(sparse, assign, clusters)
+    want = pooling.coarsen(dense, sparse.to_dense(assign), clusters)
+    assert float(want.adj.abs().sum()) > 0
+    torch.testing.assert_close(got.adj, want.adj)
+    assert torch.equal(got.sizes, counts) and torch.equal(got.mask, clusters)
 
 
 def test_to_dense_batch():

@@ -179,14 +179,13 @@ class MOA(nn.Module):
         # (5) Super-node rows: membership-weighted means; A' = S^T A S.
         # With weights S + 1e-8 on real nodes: sum_i (S_ic + 1e-8) h_i
         # = (S^T h)_c + 1e-8 sum_i h_i, over sum_i S_ic + 1e-8 n.
-        dense = level.to_dense(member)  # (B, N, K), 0 on padding
         norm = level.sum_nodes(member) + 1e-8 * level.sizes.to(
             h.dtype).unsqueeze(-1)
-        rows = torch.baddbmm(1e-8 * total.unsqueeze(1), dense.transpose(1, 2),
-                             level.to_dense(h))
+        rows = level.graph_matmul(member, h, counts) \
+            + 1e-8 * total.unsqueeze(1)
         scale = clusters.to(h.dtype) / norm.clamp(min=1e-12)  # 0 if unused
         rows = rows * scale.unsqueeze(-1)
-        coarse = coarsen(level, dense, clusters)
+        coarse = coarsen(level, member, clusters)
         # (6) GCont stability: content before and after coarsening.
         after = self.gcont(coarse, rows)
         stability = 1 - F.cosine_similarity(before, after, dim=-1, eps=1e-8)

@@ -23,7 +23,10 @@ a node mask and a weighted adjacency ``(B, K, K)``). TopK and SAGPool stay
 sparse at every level (they keep a subset of the nodes); HAP and DiffPool
 compute their first assignment from the sparse level (``S^T A S`` as
 ``S^T (A S)`` with ``A S`` summed over edges, never an ``N x N`` matrix)
-and are dense after that.
+and are dense after that. Their per-graph products ``S^T X`` pad graphs in
+groups of similar size (`GraphLevel.graph_matmul`), not each to the
+batch's largest: DD's graphs (30 to 5,748 nodes) padded to the largest
+are 20x their nodes at batch 128.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+#: `GraphLevel.size_groups` merges two groups of graphs where that pads
+#: fewer rows than this: the cost, in rows, of a group's own operations.
+MERGE_ROWS = 1024
 
 __all__ = [
     "GINConv",
@@ -132,13 +139,6 @@ class GraphLevel:
                            - starts[self.batch])
         return self._cached("positions", make)
 
-    def padded_edges(self):
-        """A sparse level's ``src`` and ``dst`` as `positions` rows."""
-        def make():
-            pos = self.positions()
-            return pos[self.src], pos[self.dst]
-        return self._cached("padded_edges", make)
-
     def to_dense(self, x):
         """Rows as ``(B, K, ...)``, zero padded."""
         if self.dense:
@@ -161,19 +161,101 @@ class GraphLevel:
         """
         return x.unsqueeze(1) if self.dense else x.index_select(0, self.batch)
 
-    def aggregate_padded(self, x):
-        """`aggregate` of dense ``(B, K, ...)`` rows, in their layout.
+    def size_groups(self):
+        """A sparse level's graphs in groups of similar size.
 
-        Zero on padded rows; on a sparse level the edges are followed in
-        padded positions, so the rows are never packed and re-padded.
+        Graph ``g`` joins group ``ceil(log2 n_g)``, so no graph is padded
+        to more than twice its nodes; neighbouring groups are then merged
+        while that adds fewer than `MERGE_ROWS` padded rows, since each
+        group costs a few operations of its own. (Padding a batch to its
+        largest graph pads NCI1's nodes 3.6x at batch 128, DD's 20x.)
+
+        Returns
+        -------
+        tuple
+            ``groups``, per group ``(graphs, width)``: its graph ids (a
+            list, in id order) and padded width (its largest graph);
+            ``slots``, each node's row in a buffer of every group's
+            padded rows, group after group (`positions` for one group);
+            ``inverse``, each graph's position among the groups' graphs.
+        """
+        def make():
+            sizes = self.sizes.tolist()
+            members = {}
+            for graph, n in enumerate(sizes):  # ceil(log2 n): n <= 2^c
+                members.setdefault(max(n - 1, 0).bit_length(), []).append(
+                    graph)
+            bounds = [(2 ** c, members[c]) for c in sorted(members)]
+            while len(bounds) > 1:
+                added = [len(graphs) * (bounds[i + 1][0] - limit)
+                         for i, (limit, graphs) in enumerate(bounds[:-1])]
+                i = min(range(len(added)), key=added.__getitem__)
+                if added[i] >= MERGE_ROWS:
+                    break
+                merged = sorted(bounds[i][1] + bounds[i + 1][1])
+                bounds[i:i + 2] = [(bounds[i + 1][0], merged)]
+            groups = [(graphs, max(sizes[g] for g in graphs))
+                      for _, graphs in bounds]
+            if len(groups) == 1:
+                return groups, self.positions(), None
+            starts, order, offset = [0] * len(sizes), [], 0
+            for graphs, width in groups:
+                for local, graph in enumerate(graphs):
+                    starts[graph] = offset + local * width
+                offset += len(graphs) * width
+                order += graphs
+            device = self.sizes.device
+            first = self.sizes.cumsum(0) - self.sizes
+            rank = torch.arange(self.batch.numel(), device=device) \
+                - first[self.batch]
+            slots = torch.tensor(starts, device=device)[self.batch] + rank
+            inverse = torch.empty(len(order), dtype=torch.int64)
+            inverse[order] = torch.arange(len(order))
+            return groups, slots, inverse.to(device)
+        return self._cached("size_groups", make)
+
+    def graph_matmul(self, a, b, a_cols=None, b_cols=None):
+        """Per graph ``a_g^T b_g``, ``(B, a.shape[-1], b.shape[-1])``.
+
+        ``a`` and ``b`` are rows in the level's layout (zero on a dense
+        level's padding). ``a_cols`` / ``b_cols`` (``(B,)``, optional):
+        per graph, how many leading columns of ``a`` / ``b`` can be
+        nonzero (HAP's super-nodes); the product leaves the others out
+        and their entries are 0. A sparse level is padded group by group
+        (`size_groups`), not to its largest graph.
         """
         if self.dense:
-            return self.adj @ x
-        src, dst = self.padded_edges()
-        flat = x.flatten(0, 1)
-        out = torch.zeros_like(flat).index_add_(0, dst,
-                                                flat.index_select(0, src))
-        return out.view(x.shape)
+            return a.transpose(1, 2) @ b
+        groups, slots, inverse = self.size_groups()
+        if not groups:  # no graphs
+            return a.new_zeros((0, a.shape[1], b.shape[1]))
+        a_cols = None if a_cols is None else a_cols.tolist()
+        b_cols = None if b_cols is None else b_cols.tolist()
+        spans = [len(graphs) * width for graphs, width in groups]
+        rows = sum(spans)
+        # Split, not sliced: the backward of a split is one concatenation,
+        # of a slice a zero-filled buffer each.
+        parts_a = a.new_zeros((rows, a.shape[1])).index_copy_(
+            0, slots, a).split(spans)
+        parts_b = b.new_zeros((rows, b.shape[1])).index_copy_(
+            0, slots, b).split(spans)
+        parts = []
+        for (graphs, width), part_a, part_b in zip(groups, parts_a, parts_b,
+                                                   strict=True):
+            ka = a.shape[1] if a_cols is None else max(a_cols[g]
+                                                       for g in graphs)
+            kb = b.shape[1] if b_cols is None else max(b_cols[g]
+                                                       for g in graphs)
+            part_a = part_a.view(len(graphs), width, a.shape[1])[..., :ka]
+            part_b = part_b.view(len(graphs), width, b.shape[1])[..., :kb]
+            part = part_a.transpose(1, 2) @ part_b
+            if (ka, kb) != (a.shape[1], b.shape[1]):
+                part = nn.functional.pad(
+                    part, (0, b.shape[1] - kb, 0, a.shape[1] - ka))
+            parts.append(part)
+        if inverse is None:  # one group: the graphs in id order
+            return parts[0]
+        return torch.cat(parts).index_select(0, inverse)
 
     def aggregate(self, x, normalized=False):
         """Sum of neighbour rows (weighted on dense levels).
@@ -370,11 +452,14 @@ class GraphClassifier(nn.Module):
 def coarsen(level, assign, cluster_mask):
     """The dense level with adjacency ``S^T A S``.
 
-    ``assign`` is ``S`` as a dense ``(B, N, K)`` tensor (zero on padded
-    nodes); ``A S`` is summed over the level's edges (or ``adj @ S``), so a
-    sparse level never builds an ``N x N`` matrix. ``cluster_mask`` (``(B,
-    K)``) marks the super-nodes in use.
+    ``assign`` is ``S`` in the level's layout (``(nodes, K)`` on a sparse
+    level, ``(B, N, K)`` with zero padded rows on a dense one);
+    ``cluster_mask`` (``(B, K)``) marks each graph's super-nodes in use,
+    its leading ones, outside which ``S`` is 0. ``A S`` is summed over the
+    level's edges (or ``adj @ S``), so a sparse level never builds an ``N
+    x N`` matrix, and ``S^T (A S)`` is `GraphLevel.graph_matmul`'s.
     """
-    adj = assign.transpose(1, 2) @ level.aggregate_padded(assign)
+    counts = cluster_mask.sum(1)
+    adj = level.graph_matmul(assign, level.aggregate(assign), counts, counts)
     adj = adj * (cluster_mask.unsqueeze(1) & cluster_mask.unsqueeze(2))
-    return GraphLevel(cluster_mask.sum(1), cluster_mask, adj=adj)
+    return GraphLevel(counts, cluster_mask, adj=adj)

@@ -185,14 +185,14 @@ class DiffPool(GraphClassifier):
             total = total + level.readout(z)
             if i == len(self.pools):
                 break
-            logits = self.pools[i](level, x)
-            assign = level.to_dense(torch.softmax(logits, dim=-1))
-            assign = assign * level.mask.unsqueeze(-1)
-            clusters = torch.ones(assign.shape[0], assign.shape[2],
+            assign = torch.softmax(self.pools[i](level, x), dim=-1)
+            if level.dense:
+                assign = assign * level.mask.unsqueeze(-1)
+            clusters = torch.ones(level.sizes.numel(), assign.shape[-1],
                                   dtype=torch.bool, device=x.device)
             coarse = coarsen(level, assign, clusters)
             aux = aux + self._losses(level, assign, coarse.adj)
-            x = assign.transpose(1, 2) @ level.to_dense(z)
+            x = level.graph_matmul(assign, z)
             level = coarse
         self.auxiliary_loss = aux / max(len(self.pools), 1)
         return total
@@ -205,11 +205,12 @@ class DiffPool(GraphClassifier):
         else:
             adj_sq = torch.bincount(level.batch[level.src],
                                     minlength=level.sizes.numel())
-        gram = assign.transpose(1, 2) @ assign
+        gram = level.graph_matmul(assign, assign)
         link = (adj_sq - 2 * coarse_adj.diagonal(dim1=1, dim2=2).sum(-1)
                 + gram.pow(2).sum((1, 2)))
         n = level.sizes.clamp(min=1).to(assign.dtype)
-        entropy = -(assign * torch.log(assign + 1e-12)).sum((1, 2)) / n
+        plogp = (assign * torch.log(assign + 1e-12)).sum(-1, keepdim=True)
+        entropy = -level.sum_nodes(plogp).squeeze(-1) / n
         return (link.clamp(min=0) / n.pow(2) + entropy).mean()
 
 

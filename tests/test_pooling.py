@@ -299,6 +299,27 @@ def test_sparse_and_dense_levels_agree():
                                dense.readout(sparse.to_dense(x)))
 
 
+def test_sparse_max_readout_matches_dense_with_ties_and_empty_graphs():
+    """The sparse level's segment max: values, zeros for an empty graph,
+    and the gradient split evenly between tied rows, as the dense amax."""
+    sizes = torch.tensor([3, 0, 2, 1])
+    none = torch.zeros(0, dtype=torch.int64)
+    sparse = GraphLevel.sparse(sizes, none, none)
+    dense = GraphLevel(sizes, sparse.mask, adj=torch.zeros(4, 3, 3))
+    x = torch.tensor([[1.0, 0.0], [4.0, 0.0], [4.0, -2.0],  # ties
+                      [-1.0, -3.0], [-1.0, 5.0], [7.0, 7.0]])
+    grads = []
+    for level, rows in ((sparse, x), (dense, sparse.to_dense(x))):
+        rows = rows.clone().requires_grad_()
+        peak = level.readout(rows)[:, 2:]
+        peak.backward(torch.arange(1.0, 9.0).view(4, 2))
+        grads.append(sparse.from_dense(rows.grad) if level.dense
+                     else rows.grad)
+        assert peak.tolist() == [[4, 0], [0, 0], [-1, 5], [7, 7]]
+    torch.testing.assert_close(grads[0], grads[1])
+    assert grads[0][:, 0].tolist() == [0, 0.5, 0.5, 2.5, 2.5, 7]
+
+
 def test_graph_matmul_pads_graphs_by_size_group():
     """Per graph ``a^T b`` on a sparse level equals the product of the
     batch padded to its largest graph, values and gradients, with and

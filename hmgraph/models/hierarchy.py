@@ -129,15 +129,19 @@ class GraphLevel:
             self.cache[key] = make()
         return self.cache[key]
 
+    def ranks(self):
+        """Row ``i`` of a sparse level: its rank among its graph's rows."""
+        def make():
+            starts = self.sizes.cumsum(0) - self.sizes
+            rows = torch.arange(self.batch.numel(), device=self.batch.device)
+            return rows - starts[self.batch]
+        return self._cached("ranks", make)
+
     def positions(self):
         """Row ``i`` of a sparse level: its row in ``to_dense(x).flatten(0,
         1)`` (graph ``batch[i]`` times the padded width plus its rank)."""
-        def make():
-            starts = self.sizes.cumsum(0) - self.sizes
-            rank = torch.arange(self.batch.numel(), device=self.batch.device)
-            return rank + (self.batch * self.mask.shape[1]
-                           - starts[self.batch])
-        return self._cached("positions", make)
+        return self._cached("positions", lambda: self.ranks()
+                            + self.batch * self.mask.shape[1])
 
     def to_dense(self, x):
         """Rows as ``(B, K, ...)``, zero padded."""
@@ -205,10 +209,8 @@ class GraphLevel:
                 offset += len(graphs) * width
                 order += graphs
             device = self.sizes.device
-            first = self.sizes.cumsum(0) - self.sizes
-            rank = torch.arange(self.batch.numel(), device=device) \
-                - first[self.batch]
-            slots = torch.tensor(starts, device=device)[self.batch] + rank
+            slots = torch.tensor(starts, device=device)[self.batch] \
+                + self.ranks()
             inverse = torch.empty(len(order), dtype=torch.int64)
             inverse[order] = torch.arange(len(order))
             return groups, slots, inverse.to(device)

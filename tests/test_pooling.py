@@ -58,8 +58,8 @@ def record_levels(monkeypatch):
     levels = []
     coarsen, select = pooling.coarsen, pooling._select_top
 
-    def coarsen_and_record(*args):
-        levels.append(coarsen(*args))
+    def coarsen_and_record(*args, **kwargs):
+        levels.append(coarsen(*args, **kwargs))
         return levels[-1]
 
     def select_and_record(*args):
@@ -105,14 +105,20 @@ def test_shapes_and_masks_through_every_level(name, monkeypatch):
         assert torch.equal(level.mask.sum(1), sizes)
         if name != "diffpool":  # DiffPool: same cluster count for all
             assert sizes[0] == 1  # the single-node graph keeps one node
-        if level.dense:
+        # HAP's coarse levels are packed, DiffPool's dense, the others'
+        # sparse.
+        assert level.dense == (name == "diffpool")
+        if level.adj is not None:
             k = level.mask.shape[1]
             assert level.adj.shape == (len(SIZES), k, k)
             outside = ~(level.mask.unsqueeze(1) & level.mask.unsqueeze(2))
             assert (level.adj[outside] == 0).all()
             torch.testing.assert_close(level.adj, level.adj.transpose(1, 2))
-        else:
+        if not level.dense:
             assert level.batch.numel() == int(sizes.sum())
+            assert torch.equal(level.batch, torch.repeat_interleave(
+                torch.arange(len(SIZES)), sizes))
+        if level.src is not None:
             assert torch.equal(level.batch[level.src], level.batch[level.dst])
 
 
@@ -137,9 +143,9 @@ def test_hap_coarse_rows_are_masked_weighted_means(monkeypatch):
     seen, members, contents = [], [], []
     coarsen = hap.coarsen
 
-    def coarsen_and_record(level, assign, cluster_mask):
+    def coarsen_and_record(level, assign, cluster_mask, **kwargs):
         members.append(assign)
-        return coarsen(level, assign, cluster_mask)
+        return coarsen(level, assign, cluster_mask, **kwargs)
 
     monkeypatch.setattr(hap, "coarsen", coarsen_and_record)
     model = make_model("hap").eval().double()
@@ -157,8 +163,9 @@ def test_hap_coarse_rows_are_masked_weighted_means(monkeypatch):
     member = to_dense_batch(members[0], torch.tensor(SIZES))[0]
     # ceil(n / 4) super-nodes, at most 32 (140 nodes: 35 -> 32).
     assert coarse.sizes.tolist() == [1, 1, 2, 3, 5, 32]
-    assert rows.shape == (len(SIZES), 32, HIDDEN)
-    assert (rows[~coarse.mask] == 0).all()
+    # Packed: each graph's super-nodes only, graph after graph.
+    assert rows.shape == (44, HIDDEN) and not coarse.dense
+    rows = coarse.to_dense(rows)
 
     def content(x):
         gcont = moa.gcont
@@ -297,6 +304,42 @@ def test_sparse_and_dense_levels_agree():
                                dense.aggregate(sparse.to_dense(x), True))
     torch.testing.assert_close(sparse.readout(x),
                                dense.readout(sparse.to_dense(x)))
+
+
+def test_packed_and_dense_levels_agree():
+    """A packed level (flat rows, padded adjacency: HAP's coarse levels)
+    computes what its dense form does on the padded rows, in float64."""
+    gen = torch.Generator().manual_seed(0)
+    sizes = torch.tensor([1, 4, 2, 5])
+    mask = torch.arange(5) < sizes.unsqueeze(1)
+    adj = torch.rand(4, 5, 5, generator=gen, dtype=torch.float64)
+    adj = (adj + adj.transpose(1, 2)) * (mask.unsqueeze(1) & mask.unsqueeze(2))
+    batch = torch.repeat_interleave(torch.arange(4), sizes)
+    packed = GraphLevel(sizes, mask, batch=batch, adj=adj)
+    dense = GraphLevel(sizes, mask, adj=adj)
+    assert not packed.dense and dense.dense
+    x = torch.randn(12, 6, generator=gen, dtype=torch.float64)
+    y = torch.randn(12, 3, generator=gen, dtype=torch.float64)
+    padded_x, padded_y = packed.to_dense(x), packed.to_dense(y)
+    assert padded_x.shape == (4, 5, 6) and (padded_x[~mask] == 0).all()
+    torch.testing.assert_close(packed.from_dense(padded_x), x)
+    for op in ("aggregate", "propagate"):
+        torch.testing.assert_close(
+            packed.to_dense(getattr(packed, op)(x)),
+            getattr(dense, op)(padded_x) * mask.unsqueeze(-1))
+    torch.testing.assert_close(
+        packed.to_dense(packed.aggregate(x, True)),
+        dense.aggregate(padded_x, True) * mask.unsqueeze(-1))
+    torch.testing.assert_close(packed.readout(x), dense.readout(padded_x))
+    torch.testing.assert_close(packed.sum_nodes(x), dense.sum_nodes(padded_x))
+    torch.testing.assert_close(packed.graph_matmul(x, y),
+                               dense.graph_matmul(padded_x, padded_y))
+    scores = torch.randn(12, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(
+        packed.to_dense(packed.softmax_nodes(scores)),
+        dense.softmax_nodes(packed.to_dense(scores)))
+    torch.testing.assert_close(
+        packed.per_node(x[:4]), x[:4][batch])
 
 
 def test_sparse_max_readout_matches_dense_with_ties_and_empty_graphs():
@@ -444,8 +487,13 @@ def reference_moa(moa, level, h):
     Keys ``key(sum_t mix_t P^t h)`` and queries ``query(seed * (1 +
     guide))`` per node and graph, masked softmax, explicit ``(S +
     1e-8)``-weighted means and ``S^T A S`` from the packed ``A S``; GCont
-    and ``P`` by hand.
+    and ``P`` by hand. A packed level is taken in its dense form; the rows
+    come back padded, ``(B, K, F)``.
     """
+    if level.adj is not None and not level.dense:
+        level, h = GraphLevel(level.sizes, level.mask,
+                              adj=level.adj), level.to_dense(h)
+
     def dense(x):
         return x if level.dense else to_dense_batch(x, level.sizes)[0]
 
@@ -500,7 +548,7 @@ def test_moa_matches_the_padded_reference(seed, dtype):
 
     Coarse adjacency, rows and stability loss to 1e-5 (float32) or 1e-10
     (float64), and every gradient to that times its largest entry, on the
-    sparse input level and on a dense coarse level. The guide steers the
+    sparse input level and on a packed coarse level. The guide steers the
     memberships: its gradient is of the order of the seeds' (an additive
     guide got only rounding noise, since a per-node shift of the logits
     does not change the softmax over super-nodes).
@@ -523,7 +571,9 @@ def test_moa_matches_the_padded_reference(seed, dtype):
             grads = {name: p.grad.clone() for name, p in
                      moa.named_parameters()}
             grads["h"] = x.grad
-            results.append((adj, out[1], out[2], grads))
+            rows = out[0].to_dense(out[1]) \
+                if isinstance(out[0], GraphLevel) else out[1]
+            results.append((adj, rows, out[2], grads))
         (adj, rows, loss, grads), ref = results
         torch.testing.assert_close(adj, ref[0], atol=tol, rtol=tol)
         torch.testing.assert_close(rows, ref[1], atol=tol, rtol=tol)
@@ -535,8 +585,9 @@ def test_moa_matches_the_padded_reference(seed, dtype):
         guide, seeds = (float(grads[n].abs().max())
                         for n in ("guide.weight", "seeds"))
         assert guide > 1e-3 * seeds, (guide, seeds)
-        # The next MOA sees a dense level: this one's, with its rows.
+        # The next MOA sees this one's packed level, with its rows.
         with torch.no_grad():
-            coarse, rows, _ = moa(level, h)
-            h = F.relu(conv(coarse, rows)) * coarse.mask.unsqueeze(-1)
-        level = GraphLevel(coarse.sizes, coarse.mask, adj=coarse.adj)
+            level, rows, _ = moa(level, h)
+            h = F.relu(conv(level, rows))
+        assert not level.dense and h.shape == (int(level.sizes.sum()),
+                                               HIDDEN)

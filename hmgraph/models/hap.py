@@ -123,8 +123,10 @@ class MOA(nn.Module):
     """Cross-level attention from super-node seeds to the finer nodes.
 
     See choices 3-6 of the module docstring. ``forward(level, h)`` returns
-    the coarse dense level, its rows ``(B, K, F)`` and the GCont stability
-    loss (a scalar).
+    the coarse level, its rows and the GCont stability loss (a scalar).
+    The coarse level is packed (`hmgraph.models.hierarchy.GraphLevel`):
+    its rows are each graph's ``k_g`` super-nodes, ``(sum k_g, F)``, so
+    no coarse row is padding.
     """
 
     def __init__(self, feats, ratio, max_clusters, hops=2):
@@ -183,9 +185,9 @@ class MOA(nn.Module):
             h.dtype).unsqueeze(-1)
         rows = level.graph_matmul(member, h, counts) \
             + 1e-8 * total.unsqueeze(1)
-        scale = clusters.to(h.dtype) / norm.clamp(min=1e-12)  # 0 if unused
-        rows = rows * scale.unsqueeze(-1)
-        coarse = coarsen(level, member, clusters)
+        coarse = coarsen(level, member, clusters, packed=True)
+        norm = coarse.from_dense(norm.clamp(min=1e-12))  # used ones only
+        rows = coarse.from_dense(rows) / norm.unsqueeze(-1)
         # (6) GCont stability: content before and after coarsening.
         after = self.gcont(coarse, rows)
         stability = 1 - F.cosine_similarity(before, after, dim=-1, eps=1e-8)
@@ -238,7 +240,7 @@ class HAP(GraphClassifier):
         for moa, conv in zip(self.moas, self.convs, strict=True):
             level, x, loss = moa(level, x)
             stability = stability + loss
-            x = F.relu(conv(level, x)) * level.mask.unsqueeze(-1)
+            x = F.relu(conv(level, x))
             total = total + level.readout(x)
         if self.moas:
             self.auxiliary_loss = (self.content_weight * stability

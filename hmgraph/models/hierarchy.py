@@ -18,13 +18,18 @@ device), so the models run on cuda although the DGL wheel is CPU-only.
 
 A batch at one level of a hierarchy is a `GraphLevel`: the input level is
 *sparse* (node rows flat, ``(total nodes, F)``, graph after graph, with
-edge ids); a coarsened level is *dense* (rows padded to ``(B, K, F)`` with
-a node mask and a weighted adjacency ``(B, K, K)``). TopK and SAGPool stay
-sparse at every level (they keep a subset of the nodes); HAP and DiffPool
-compute their first assignment from the sparse level (``S^T A S`` as
-``S^T (A S)`` with ``A S`` summed over edges, never an ``N x N`` matrix)
-and are dense after that. Their per-graph products ``S^T X`` pad graphs in
-groups of similar size (`GraphLevel.graph_matmul`), not each to the
+edge ids); a coarsened level has a weighted adjacency ``(B, K, K)`` and
+rows either *dense* (padded to ``(B, K, F)`` with a node mask) or
+*packed* (flat, graph after graph, as a sparse level's). TopK and SAGPool
+stay sparse at every level (they keep a subset of the nodes); HAP and
+DiffPool compute their first assignment from the sparse level (``S^T A
+S`` as ``S^T (A S)`` with ``A S`` summed over edges, never an ``N x N``
+matrix). DiffPool's coarse levels are dense (every graph has every
+cluster); HAP's are packed, since its graphs have ``ceil(ratio n_g)``
+super-nodes each and padding them to the batch's most (NCI1 at batch 128:
+about 8 on average, 19 to 28 at most) would multiply every coarse row's
+work 2.5-3.5x. Per-graph products ``S^T X`` on a sparse level pad graphs
+in groups of similar size (`GraphLevel.graph_matmul`), not each to the
 batch's largest: DD's graphs (30 to 5,748 nodes) padded to the largest
 are 20x their nodes at batch 128.
 """
@@ -82,11 +87,13 @@ class GraphLevel:
 
     Sparse (``adj is None``): node rows are flat, ``(sizes.sum(), F)``,
     graph after graph; ``batch`` is each row's graph and ``src`` / ``dst``
-    hold the edges. Dense: node rows are ``(B, K, F)``, ``mask`` marks real
-    rows and ``adj`` is the weighted ``(B, K, K)`` adjacency. Per-node work
-    stays in the level's own layout (padding a sparse level to ``(B,
-    max_nodes, F)`` costs 16x the rows on PROTEINS). Tensors are on the
-    model's device.
+    hold the edges. Dense (``adj`` set, ``batch`` None): node rows are
+    ``(B, K, F)``, ``mask`` marks real rows and ``adj`` is the weighted
+    ``(B, K, K)`` adjacency. Packed (``adj`` and ``batch`` set): rows flat
+    as a sparse level's, edges in ``adj`` as a dense one's; message
+    passing pads the rows for one ``bmm``. Per-node work stays in the
+    level's own layout (padding a sparse level to ``(B, max_nodes, F)``
+    costs 16x the rows on PROTEINS). Tensors are on the model's device.
 
     What depends on the level's structure only (a sparse level's padded
     positions and degrees, a dense level's degrees) is computed once and
@@ -122,7 +129,8 @@ class GraphLevel:
 
     @property
     def dense(self) -> bool:
-        return self.adj is not None
+        """Rows padded to ``(B, K, F)`` (else flat, graph after graph)."""
+        return self.adj is not None and self.batch is None
 
     def _cached(self, key, make):
         if key not in self.cache:
@@ -226,8 +234,8 @@ class GraphLevel:
         and their entries are 0. A sparse level is padded group by group
         (`size_groups`), not to its largest graph.
         """
-        if self.dense:
-            return a.transpose(1, 2) @ b
+        if self.adj is not None:  # K <= a few dozen: pad to the most
+            return self.to_dense(a).transpose(1, 2) @ self.to_dense(b)
         groups, slots, inverse = self.size_groups()
         if not groups:  # no graphs
             return a.new_zeros((0, a.shape[1], b.shape[1]))
@@ -260,16 +268,16 @@ class GraphLevel:
         return torch.cat(parts).index_select(0, inverse)
 
     def aggregate(self, x, normalized=False):
-        """Sum of neighbour rows (weighted on dense levels).
+        """Sum of neighbour rows (weighted on dense and packed levels).
 
         With ``normalized`` the adjacency is ``D^-1/2 A D^-1/2``.
         """
-        if self.dense:
+        if self.adj is not None:
             adj = self.adj
             if normalized:
                 norm = adj.sum(-1).clamp(min=1e-6).pow(-0.5)
                 adj = norm.unsqueeze(-1) * adj * norm.unsqueeze(-2)
-            return adj @ x
+            return self.from_dense(adj @ self.to_dense(x))
         if normalized:
             degree = torch.bincount(self.dst, minlength=x.shape[0])
             norm = degree.clamp(min=1).to(x.dtype).pow(-0.5)
@@ -281,8 +289,8 @@ class GraphLevel:
     def propagate(self, x):
         """GCN propagation ``D^-1/2 (A + I) D^-1/2 x``."""
         def make():
-            if self.dense:
-                degree = self.adj.sum(-1) + 1.0
+            if self.adj is not None:
+                degree = self.from_dense(self.adj.sum(-1)) + 1.0
             else:
                 degree = torch.bincount(self.dst, minlength=x.shape[0]) + 1.0
             return degree.to(x.dtype).pow(-0.5).unsqueeze(-1)
@@ -450,17 +458,22 @@ class GraphClassifier(nn.Module):
         raise NotImplementedError
 
 
-def coarsen(level, assign, cluster_mask):
-    """The dense level with adjacency ``S^T A S``.
+def coarsen(level, assign, cluster_mask, packed=False):
+    """The coarse level with adjacency ``S^T A S``.
 
     ``assign`` is ``S`` in the level's layout (``(nodes, K)`` on a sparse
-    level, ``(B, N, K)`` with zero padded rows on a dense one);
+    or packed level, ``(B, N, K)`` with zero padded rows on a dense one);
     ``cluster_mask`` (``(B, K)``) marks each graph's super-nodes in use,
     its leading ones, outside which ``S`` is 0. ``A S`` is summed over the
     level's edges (or ``adj @ S``), so a sparse level never builds an ``N
-    x N`` matrix, and ``S^T (A S)`` is `GraphLevel.graph_matmul`'s.
+    x N`` matrix, and ``S^T (A S)`` is `GraphLevel.graph_matmul`'s. The
+    coarse level is dense, or with ``packed`` holds its rows packed
+    (`GraphLevel`; ``coarse.from_dense`` packs padded super-node rows).
     """
     counts = cluster_mask.sum(1)
     adj = level.graph_matmul(assign, level.aggregate(assign), counts, counts)
     adj = adj * (cluster_mask.unsqueeze(1) & cluster_mask.unsqueeze(2))
-    return GraphLevel(counts, cluster_mask, adj=adj)
+    batch = torch.repeat_interleave(
+        torch.arange(counts.numel(), device=counts.device), counts) \
+        if packed else None
+    return GraphLevel(counts, cluster_mask, batch=batch, adj=adj)

@@ -152,12 +152,22 @@ class GraphLevel:
                             + self.batch * self.mask.shape[1])
 
     def to_dense(self, x):
-        """Rows as ``(B, K, ...)``, zero padded."""
+        """Rows as ``(B, K, ...)``, zero padded.
+
+        Kept per tensor while the level lives: HAP pads the same
+        memberships for several products.
+        """
         if self.dense:
             return x
+        key = ("to_dense", id(x))
+        last = self.cache.get(key)
+        if last is not None and last[0] is x and last[1] == x._version:
+            return last[2]
         shape = (self.sizes.numel(), self.mask.shape[1], *x.shape[1:])
         flat = x.new_zeros((shape[0] * shape[1], *x.shape[1:]))
-        return flat.index_copy_(0, self.positions(), x).view(shape)
+        dense = flat.index_copy_(0, self.positions(), x).view(shape)
+        self.cache[key] = (x, x._version, dense)
+        return dense
 
     def from_dense(self, x):
         """Inverse of `to_dense` (back to the level's own layout)."""
@@ -471,7 +481,12 @@ def coarsen(level, assign, cluster_mask, packed=False):
     (`GraphLevel`; ``coarse.from_dense`` packs padded super-node rows).
     """
     counts = cluster_mask.sum(1)
-    adj = level.graph_matmul(assign, level.aggregate(assign), counts, counts)
+    if level.adj is None:
+        adj = level.graph_matmul(assign, level.aggregate(assign), counts,
+                                 counts)
+    else:  # S^T (A S) on padded rows, where A is
+        padded = level.to_dense(assign)
+        adj = padded.transpose(1, 2) @ (level.adj @ padded)
     adj = adj * (cluster_mask.unsqueeze(1) & cluster_mask.unsqueeze(2))
     batch = torch.repeat_interleave(
         torch.arange(counts.numel(), device=counts.device), counts) \

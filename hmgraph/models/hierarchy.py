@@ -242,7 +242,8 @@ class GraphLevel:
         per graph, how many leading columns of ``a`` / ``b`` can be
         nonzero (HAP's super-nodes); the product leaves the others out
         and their entries are 0. A sparse level is padded group by group
-        (`size_groups`), not to its largest graph.
+        (`size_groups`), not to its largest graph; a packed one to its
+        most super-nodes (a few dozen at most).
         """
         if self.adj is not None:  # K <= a few dozen: pad to the most
             return self.to_dense(a).transpose(1, 2) @ self.to_dense(b)
@@ -484,7 +485,7 @@ def coarsen(level, assign, cluster_mask, packed=False):
     if level.adj is None:
         adj = level.graph_matmul(assign, level.aggregate(assign), counts,
                                  counts)
-    else:  # S^T (A S) on padded rows, where A is
+    else:  # a dense or packed level: S^T (A S) on padded rows
         padded = level.to_dense(assign)
         adj = padded.transpose(1, 2) @ (level.adj @ padded)
     adj = adj * (cluster_mask.unsqueeze(1) & cluster_mask.unsqueeze(2))

@@ -342,25 +342,34 @@ def test_packed_and_dense_levels_agree():
         packed.per_node(x[:4]), x[:4][batch])
 
 
-def test_sparse_max_readout_matches_dense_with_ties_and_empty_graphs():
-    """The sparse level's segment max: values, zeros for an empty graph,
-    and the gradient split evenly between tied rows, as the dense amax."""
-    sizes = torch.tensor([3, 0, 2, 1])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_sparse_max_readout_matches_dense_with_ties_and_empty_graphs(sign):
+    """The sparse level's max: values, zeros for an empty graph, and the
+    gradient split evenly between tied rows, as the dense amax, whatever
+    its sign (`torch.segment_reduce` split only positive gradients, so a
+    negative one reached each of a molecule's nine identical atoms whole,
+    and HAP's activations grew until training failed on Mutagenicity)."""
+    sizes = torch.tensor([3, 0, 2, 1, 9])
     none = torch.zeros(0, dtype=torch.int64)
     sparse = GraphLevel.sparse(sizes, none, none)
-    dense = GraphLevel(sizes, sparse.mask, adj=torch.zeros(4, 3, 3))
+    dense = GraphLevel(sizes, sparse.mask, adj=torch.zeros(5, 9, 9))
     x = torch.tensor([[1.0, 0.0], [4.0, 0.0], [4.0, -2.0],  # ties
-                      [-1.0, -3.0], [-1.0, 5.0], [7.0, 7.0]])
+                      [-1.0, -3.0], [-1.0, 5.0], [7.0, 7.0],
+                      *[[0.25, 0.5]] * 9])  # nine tied rows
     grads = []
     for level, rows in ((sparse, x), (dense, sparse.to_dense(x))):
         rows = rows.clone().requires_grad_()
         peak = level.readout(rows)[:, 2:]
-        peak.backward(torch.arange(1.0, 9.0).view(4, 2))
+        peak.backward(sign * torch.arange(1.0, 11.0).view(5, 2))
         grads.append(sparse.from_dense(rows.grad) if level.dense
                      else rows.grad)
-        assert peak.tolist() == [[4, 0], [0, 0], [-1, 5], [7, 7]]
+        assert peak.tolist() == [[4, 0], [0, 0], [-1, 5], [7, 7],
+                                 [0.25, 0.5]]
     torch.testing.assert_close(grads[0], grads[1])
-    assert grads[0][:, 0].tolist() == [0, 0.5, 0.5, 2.5, 2.5, 7]
+    assert (grads[0][:6, 0] / sign).tolist() == [0, 0.5, 0.5, 2.5, 2.5, 7]
+    # Graph 4's gradient (9, 10) shared by its nine rows.
+    torch.testing.assert_close(grads[0][6:] / sign,
+                               torch.tensor([[1.0, 10 / 9]]).expand(9, 2))
 
 
 def test_graph_matmul_pads_graphs_by_size_group():

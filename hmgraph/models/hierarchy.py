@@ -344,10 +344,13 @@ class GraphLevel:
             return mean
         if self.dense:
             peak = x.masked_fill(~self.mask.unsqueeze(-1), -math.inf).amax(1)
-        else:  # rows graph after graph: segments (2x faster than a
-            # scatter_reduce both ways, with the same gradient on ties)
-            peak = torch.segment_reduce(x, "max", lengths=self.sizes,
-                                        unsafe=True)
+        else:  # not torch.segment_reduce: in PyTorch 2.2 its backward
+            # splits a tie's gradient only where the gradient is positive
+            # (a negative one reaches every tied row whole). From -inf, so
+            # that a tie at 0 is not shared with the initial value.
+            index = self.batch.unsqueeze(-1).expand_as(x)
+            peak = x.new_full((self.sizes.numel(), x.shape[-1]), -math.inf)
+            peak = peak.scatter_reduce(0, index, x, reduce="amax")
         peak = peak.masked_fill(self.sizes.unsqueeze(-1) == 0, 0.0)
         return torch.cat([mean, peak], dim=-1)
 

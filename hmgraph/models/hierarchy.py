@@ -57,6 +57,12 @@ __all__ = [
 ]
 
 
+def _row_graphs(sizes):
+    """Each flat row's graph: graph ``g`` repeated ``sizes[g]`` times."""
+    return torch.repeat_interleave(
+        torch.arange(sizes.numel(), device=sizes.device), sizes)
+
+
 def to_dense_batch(x, sizes):
     """Pad flat node rows, graph after graph, to a dense batch.
 
@@ -115,9 +121,7 @@ class GraphLevel:
         """A sparse level from nodes per graph and flat edge ids."""
         width = int(sizes.max()) if sizes.numel() else 0
         mask = torch.arange(width, device=sizes.device) < sizes.unsqueeze(1)
-        batch = torch.repeat_interleave(
-            torch.arange(sizes.numel(), device=sizes.device), sizes)
-        return cls(sizes, mask, batch, src, dst)
+        return cls(sizes, mask, _row_graphs(sizes), src, dst)
 
     @classmethod
     def from_graph(cls, graph, device) -> GraphLevel:
@@ -138,7 +142,8 @@ class GraphLevel:
         return self.cache[key]
 
     def ranks(self):
-        """Row ``i`` of a sparse level: its rank among its graph's rows."""
+        """Row ``i`` of a sparse or packed level: its rank among its
+        graph's rows."""
         def make():
             starts = self.sizes.cumsum(0) - self.sizes
             rows = torch.arange(self.batch.numel(), device=self.batch.device)
@@ -146,7 +151,7 @@ class GraphLevel:
         return self._cached("ranks", make)
 
     def positions(self):
-        """Row ``i`` of a sparse level: its row in ``to_dense(x).flatten(0,
+        """Row ``i`` of a flat level: its row in ``to_dense(x).flatten(0,
         1)`` (graph ``batch[i]`` times the padded width plus its rank)."""
         return self._cached("positions", lambda: self.ranks()
                             + self.batch * self.mask.shape[1])
@@ -492,7 +497,5 @@ def coarsen(level, assign, cluster_mask, packed=False):
         padded = level.to_dense(assign)
         adj = padded.transpose(1, 2) @ (level.adj @ padded)
     adj = adj * (cluster_mask.unsqueeze(1) & cluster_mask.unsqueeze(2))
-    batch = torch.repeat_interleave(
-        torch.arange(counts.numel(), device=counts.device), counts) \
-        if packed else None
-    return GraphLevel(counts, cluster_mask, batch=batch, adj=adj)
+    return GraphLevel(counts, cluster_mask, adj=adj,
+                      batch=_row_graphs(counts) if packed else None)

@@ -24,13 +24,19 @@ there the split is used as is, ``folds`` runs repeat it with seeds
 ``seed + fold``, and the metric is OGB's (ROC-AUC).
 
 Results go to ``OUT/result.json`` and ``OUT/result.md`` (written
-atomically); `format_markdown` renders the table.
+atomically); `format_markdown` renders the table. Each finished fold is
+also kept in ``OUT/folds/fold-K.json`` with the settings and the
+`code_digest` that made it; ``resume=True`` (``--resume``) reuses them,
+so a killed run loses at most the fold in flight (every fold is seeded
+on its own, so a resumed run gives the same numbers).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import hashlib
 import json
 import logging
 import math
@@ -51,6 +57,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "ClassifyConfig",
     "add_parser",
+    "code_digest",
     "command",
     "evaluate",
     "flat_parameters",
@@ -82,6 +89,9 @@ class ClassifyConfig:
         Epoch cap and early-stopping patience (on validation).
     ratio : float or None
         Pooling ratio; None takes the model's default.
+    resume : bool
+        Reuse the folds an earlier run left in ``out/folds`` (same
+        settings, `FOLD_KEYS`; another setting is refused).
     """
 
     dataset: str = "MUTAG"
@@ -102,10 +112,76 @@ class ClassifyConfig:
     device: str = "cpu"
     out: str = "runs/classify"
     progress: bool = True
+    resume: bool = False
 
     def as_dict(self) -> dict:
         """The settings as a plain dict."""
         return dataclasses.asdict(self)
+
+
+#: Settings a kept fold must share with the run that reuses it.
+FOLD_KEYS = ("dataset", "model", "folds", "epochs", "patience", "batch_size",
+             "hidden", "levels", "ratio", "dropout", "lr", "weight_decay",
+             "seed", "device")
+
+
+@functools.cache
+def code_digest() -> str:
+    """SHA-256 of hmgraph's Python sources (paths and bytes, in order):
+    which code made a kept fold, with or without git."""
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _fold_path(config, fold: int) -> Path:
+    return Path(config.out) / "folds" / f"fold-{fold}.json"
+
+
+def _kept_fold(config, fold: int) -> dict | None:
+    """Fold ``fold``'s record from ``out/folds``, or None where there is
+    none.
+
+    Raises
+    ------
+    hmgraph.train.CheckpointError
+        The file cannot be read or was made with another setting.
+    """
+    from hmgraph.train import CheckpointError
+
+    path = _fold_path(config, fold)
+    if not path.is_file():
+        return None
+    try:
+        kept = json.loads(path.read_text())
+        settings, record = kept["config"], kept["record"]
+    except (OSError, ValueError, KeyError) as err:
+        raise CheckpointError(
+            f"fold record {path} cannot be read ({type(err).__name__}); "
+            f"delete it or run without --resume") from None
+    for key in FOLD_KEYS:
+        if settings.get(key) != getattr(config, key):
+            raise CheckpointError(
+                f"fold record {path} was written with {key}="
+                f"{settings.get(key)!r}, but this run has {key}="
+                f"{getattr(config, key)!r}; use the same setting or "
+                f"another --out")
+    if kept.get("code") != code_digest():
+        log.warning("fold record %s was made by other hmgraph code; "
+                    "reused as it is", path)
+    return record
+
+
+def _keep_fold(config, record: dict) -> None:
+    path = _fold_path(config, record["fold"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps({
+            "config": {k: getattr(config, k) for k in FOLD_KEYS},
+            "code": code_digest(), "record": record}))
 
 
 def load_graph_dataset(name: str, root: str | os.PathLike):
@@ -221,6 +297,9 @@ def evaluate(model, dataset, ids, device, batch_size=512) -> dict:
             "metric": _score(dataset, logits, labels)}
 
 
+_ALIGN_BYTES = 64  # PyTorch's CPU allocator's alignment
+
+
 def flat_parameters(model: torch.nn.Module) -> torch.nn.Parameter:
     """``model``'s parameters as views of one, for one optimizer update.
 
@@ -230,7 +309,9 @@ def flat_parameters(model: torch.nn.Module) -> torch.nn.Parameter:
     update of the same elementwise math (the same bits, as long as every
     parameter gets a gradient each step, as every pooling model's does).
     Each parameter and its gradient become views of the flat parameter
-    and its gradient, which backward accumulates into in place; zero it
+    and its gradient, each starting 64-byte aligned as a tensor of its own
+    would (GEMM kernels round by alignment on AVX-512; the gaps stay
+    zero), which backward accumulates into in place; zero it
     with ``flat.grad.zero_()`` (setting it to None would end the views).
     Call after moving the model to its device.
 
@@ -244,15 +325,19 @@ def flat_parameters(model: torch.nn.Module) -> torch.nn.Parameter:
     if len(kinds) != 1:
         raise ValueError(f"flat_parameters needs one dtype and device; got "
                          f"{sorted(map(str, kinds))}")
-    flat = torch.nn.Parameter(torch.cat([p.detach().reshape(-1)
-                                         for p in params]))
-    flat.grad = torch.zeros_like(flat)
-    start = 0
+    # Each view starts 64-byte aligned, as a tensor of its own would:
+    # vectorised kernels (MKL's GEMM on AVX-512) round by alignment.
+    step = max(1, _ALIGN_BYTES // params[0].element_size())
+    starts, end = [], 0
     for p in params:
-        end = start + p.numel()
-        p.data = flat.data[start:end].view_as(p)
-        p.grad = flat.grad[start:end].view_as(p)
-        start = end
+        starts.append(end)
+        end += -(-p.numel() // step) * step
+    flat = torch.nn.Parameter(params[0].new_zeros(end))
+    flat.grad = torch.zeros_like(flat)
+    for p, start in zip(params, starts, strict=True):
+        flat.data[start:start + p.numel()] = p.detach().reshape(-1)
+        p.data = flat.data[start:start + p.numel()].view_as(p)
+        p.grad = flat.grad[start:start + p.numel()].view_as(p)
     return flat
 
 
@@ -373,8 +458,16 @@ def run(config: ClassifyConfig, dataset=None) -> dict:
                disable=not config.progress, leave=False)
     with bar:
         for fold, split in enumerate(splits):
+            kept = _kept_fold(config, fold) if config.resume else None
+            if kept is not None:
+                records.append(dict(kept, resumed=True))
+                bar.update(config.epochs)
+                log.info("%s %s fold %d: kept in %s", dataset.name,
+                         config.model, fold, _fold_path(config, fold))
+                continue
             records.append(_train_fold(config, dataset, split, fold,
                                        device, bar))
+            _keep_fold(config, records[-1])
             log.info("%s %s fold %d: valid %.4f test %.4f (epoch %d)",
                      dataset.name, config.model, fold, records[-1]["valid"],
                      records[-1]["test"], records[-1]["best_epoch"])
@@ -558,6 +651,9 @@ def add_parser(commands):
                         ": every configuration cross-validated, per fold "
                         "the best on validation scored on test (keys: "
                         "batch_size, dropout, lr, hidden, weight_decay)")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse the folds a killed run left in --out "
+                        "(same settings)")
     parser.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -586,7 +682,7 @@ def command(args) -> int:
         dropout=args.dropout, lr=args.lr, weight_decay=args.weight_decay,
         seed=args.seed, device=args.device,
         out=args.out or f"runs/classify-{args.dataset}-{args.model}",
-        progress=not args.no_progress,
+        progress=not args.no_progress, resume=args.resume,
     )
     result = run_grid(config, grid) if grid else run(config)
     print(format_markdown(result), end="")

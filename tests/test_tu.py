@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
 import re
 
@@ -23,6 +24,7 @@ from hmgraph.classify import (
 )
 from hmgraph.datasets import DatasetError
 from hmgraph.datasets.tu import GraphDataset, TUFormatError, read_tu
+from hmgraph.train import CheckpointError
 
 TU_NAMES = ["MUTAG", "PROTEINS", "NCI1", "ENZYMES", "PTC_MR", "IMDB-BINARY"]
 
@@ -220,8 +222,14 @@ def test_adam_over_flat_parameters_takes_the_same_steps(name):
         model = build_pooling_model(name, 7, 16, 2, max_nodes=9)
         if flat:
             params = flat_parameters(model)
-            assert params.numel() == sum(
-                p.numel() for p in model.parameters())
+            # Every view starts 64-byte aligned; the gaps hold zeros.
+            views = list(model.parameters())
+            used = torch.zeros(params.numel(), dtype=torch.bool)
+            for p in views:
+                assert p.data_ptr() % 64 == 0
+                used[p.storage_offset():][:p.numel()] = True
+            assert params.numel() < sum(p.numel() for p in views) \
+                + 16 * len(views)
         optimizer = torch.optim.Adam(
             [params] if flat else model.parameters(), lr=0.01,
             weight_decay=1e-3)
@@ -237,6 +245,7 @@ def test_adam_over_flat_parameters_takes_the_same_steps(name):
             loss.backward()
             optimizer.step()
         trained.append(list(model.parameters()))
+    assert not params.detach()[~used].any()
     for plain, viewed in zip(*trained, strict=True):
         assert torch.equal(plain, viewed)
         # Still views of the flat parameter, gradients too.
@@ -269,6 +278,45 @@ def test_classify_run_on_mutag(shared_data, tmp_path):
     assert "| **mean ± std** |" in (tmp_path / "result.md").read_text()
 
 
+def test_classify_resume_reuses_the_folds_a_killed_run_kept(shared_data,
+                                                          tmp_path):
+    """Every finished fold is kept; ``resume`` reuses them and trains the
+    rest to an unbroken run's numbers; other settings are refused."""
+    config = ClassifyConfig(dataset="MUTAG", root=str(shared_data),
+                            model="gin", folds=10, max_folds=2, epochs=3,
+                            patience=3, batch_size=64, hidden=8,
+                            out=str(tmp_path), progress=False)
+    whole = run(config)
+    folds = tmp_path / "folds"
+    assert sorted(p.name for p in folds.iterdir()) == ["fold-0.json",
+                                                       "fold-1.json"]
+    # As if killed in fold 1, fold 0's record marked to be recognised.
+    (folds / "fold-1.json").unlink()
+    kept = json.loads((folds / "fold-0.json").read_text())
+    assert kept["config"]["dropout"] == 0.5 and len(kept["code"]) == 64
+    kept["record"]["test"] = 0.125
+    (folds / "fold-0.json").write_text(json.dumps(kept))
+    resumed = run(dataclasses.replace(config, resume=True))
+    assert resumed["folds"][0]["test"] == 0.125
+    assert resumed["folds"][0]["resumed"] is True
+    assert "resumed" not in resumed["folds"][1]
+    for key in ("test", "best_epoch", "epochs_run"):
+        assert resumed["folds"][1][key] == whole["folds"][1][key]
+    assert resumed["folds"][1]["valid_loss"] == pytest.approx(
+        whole["folds"][1]["valid_loss"], rel=1e-5)
+    assert resumed["summary"]["test_mean"] == pytest.approx(
+        (0.125 + whole["folds"][1]["test"]) / 2)
+    # Without resume, every fold trains again.
+    assert "resumed" not in run(config)["folds"][0]
+    with pytest.raises(CheckpointError, match=r"fold-0.json was written "
+                       r"with dropout=0.5, but this run has dropout=0.0;"):
+        run(dataclasses.replace(config, resume=True, dropout=0.0))
+    (folds / "fold-0.json").write_text("{")
+    with pytest.raises(CheckpointError, match=r"fold-0.json cannot be read "
+                       r"\(JSONDecodeError\); delete it or run without"):
+        run(dataclasses.replace(config, resume=True))
+
+
 def test_classify_grid_picks_per_fold_on_validation(shared_data, tmp_path,
                                                    capsys):
     """``hmgraph classify --grid``: every configuration runs the same
@@ -281,7 +329,7 @@ def test_classify_grid_picks_per_fold_on_validation(shared_data, tmp_path,
         "--model", "gin", "--max-folds", "2", "--epochs", "2",
         "--patience", "1", "--hidden", "8", "--no-progress",
         "--grid", "batch_size=32,128;dropout=0,0.5", "--out",
-        str(tmp_path)])
+        str(tmp_path), "--resume"])  # nothing kept yet: every fold runs
     assert command(args) == 0
     result = json.loads((tmp_path / "result.json").read_text())
     names = [r["name"] for r in result["runs"]]

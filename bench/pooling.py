@@ -5,6 +5,11 @@ dropout, as the GIN paper's), picked per fold on validation; every
 (dataset, model, configuration) runs `hmgraph.classify.run`. Target: HAP
 best or within one fold-std of the best on at least 7 of the 9 datasets,
 every model above the majority class on every set (bench/README.md).
+
+Each cell keeps its finished folds under ``OUT-folds/`` (next to
+``--out``'s JSON) until the cell is done: a run stopped part way (a
+session's end) resumes there, folds made by other hmgraph code
+(`hmgraph.classify.code_digest`) are run again.
 """
 
 from __future__ import annotations
@@ -13,9 +18,14 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import (
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+    as_completed,
+)
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -58,7 +68,9 @@ def _job(dataset, model, settings, root, threads):
     result = run(config, data)
     for fold in result["folds"]:
         fold.pop("history")
-    result["wall_seconds"] = time.perf_counter() - start
+    # Resumed folds ran in an earlier process: their own seconds.
+    result["wall_seconds"] = time.perf_counter() - start + sum(
+        f["seconds"] for f in result["folds"] if f.get("resumed"))
     counts = torch.bincount(data.labels)
     result["majority"] = float(counts.max() / counts.sum())
     return result
@@ -71,6 +83,33 @@ def _max_folds(text, folds):
         name, _, value = part.rpartition("=")
         limits[name or "*"] = int(value)
     return lambda dataset: limits.get(dataset, limits.get("*", folds))
+
+
+def kept_folder(out: Path) -> Path:
+    """Where the cells of ``out``'s run keep their folds until done."""
+    return out.with_name(f"{out.stem}-folds")
+
+
+def cell_folder(out: Path, dataset: str, model: str, name: str) -> Path:
+    """A cell's run folder (its kept folds in ``folds/``)."""
+    return kept_folder(out) / f"{dataset}-{model}-{name.replace(' ', '-')}"
+
+
+def prune_kept_folds(folder: Path) -> list[Path]:
+    """Delete the kept folds under ``folder`` that other hmgraph code
+    made (or that cannot be read); returns them."""
+    from hmgraph.classify import code_digest
+
+    stale = []
+    for path in sorted(folder.glob("*/folds/fold-*.json")):
+        try:
+            code = json.loads(path.read_text()).get("code")
+        except (OSError, ValueError):
+            code = None
+        if code != code_digest():
+            path.unlink()
+            stale.append(path)
+    return stale
 
 
 def select_on_validation(records):
@@ -406,24 +445,29 @@ def main(argv=None) -> int:
     jobs.sort(key=lambda job: -COST.get(job[0], 1.0) * 128
               / job[2][1].get("batch_size", 128))
     threads = 1 if args.workers > 1 else max(1, os.cpu_count() or 1)
+    for path in prune_kept_folds(kept_folder(out)):
+        print(f"kept fold made by other code, run again: {path}")
     start = time.perf_counter()
 
     def save():
         report["wall_seconds"] = time.perf_counter() - start
         write(report, out)
 
-    # Workers stop with this process, even when it is killed outright.
-    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"),
-                             initializer=watch_parent,
-                             initargs=(os.getpid(),)) as pool:
+    # Workers stop with this process, even when it is killed outright;
+    # one worker runs in this process.
+    pool = ProcessPoolExecutor(
+        args.workers, mp_context=get_context("spawn"),
+        initializer=watch_parent, initargs=(os.getpid(),)) \
+        if args.workers > 1 else ThreadPoolExecutor(1)
+    with pool:
         futures = {}
         for dataset, model, (index, overrides) in jobs:
             name = config_name(overrides)
             settings = dict(
                 {k: config[k] for k in SETTINGS if k != "grid"},
                 max_folds=config["folds_run"][dataset], **overrides,
-                out=str(REPO / "runs" / "bench-pooling" / f"{dataset}-"
-                        f"{model}-{name.replace(' ', '-')}"))
+                out=str(cell_folder(out, dataset, model, name)),
+                resume=True)
             futures[pool.submit(_job, dataset, model, settings, args.root,
                                 threads)] = (dataset, model, index, name)
         for future in as_completed(futures):
@@ -435,8 +479,11 @@ def main(argv=None) -> int:
                 "majority": result["majority"],
                 "summary": result["summary"], "protocol": result["protocol"],
                 "folds": result["folds"], "commit": common.commit(),
+                "resumed_folds": sum(bool(f.get("resumed"))
+                                     for f in result["folds"]),
                 "wall_seconds": result["wall_seconds"]})
             save()
+            shutil.rmtree(cell_folder(out, dataset, model, name))
             s = result["summary"]
             print(f"{dataset:12s} {model:9s} {name:24s} "
                   f"{100 * s['test_mean']:6.2f} ± {100 * s['test_std']:5.2f}"

@@ -206,3 +206,37 @@ def test_epoch_time_is_timed_apart_and_judged_per_batch_size(
     row = text.split("DiffPool's on MUTAG, batch 128 | ")[1]
     assert float(row.split(" |")[0]) == pytest.approx(ratio, abs=0.005)
     assert "2 interleaved runs of 3 epochs" in text
+
+
+def test_a_stopped_cell_resumes_from_its_kept_folds(shared_data, tmp_path,
+                                                    capsys):
+    """A cell's finished folds outlive a stopped run: the next run reuses
+    those the same code made, runs the others again, and clears the
+    cell's folder once its record is written."""
+    from hmgraph.classify import ClassifyConfig, run
+
+    out = tmp_path / "pooling.json"
+    cell = bench.cell_folder(out, "MUTAG", "gin", "batch_size=64")
+    earlier = run(ClassifyConfig(
+        dataset="MUTAG", root=str(shared_data), model="gin", folds=10,
+        max_folds=2, epochs=2, patience=20, batch_size=64, hidden=8,
+        out=str(cell), progress=False))
+    kept = cell / "folds" / "fold-0.json"
+    text = json.loads(kept.read_text())
+    text["record"]["test"] = 0.125  # to be recognised
+    kept.write_text(json.dumps(text))
+    stale = cell / "folds" / "fold-1.json"
+    text = json.loads(stale.read_text())
+    stale.write_text(json.dumps(dict(text, code="0" * 64)))
+    assert bench.main([
+        "--datasets", "MUTAG", "--models", "gin", "--grid", "batch_size=64",
+        "--root", str(shared_data), "--max-folds", "2", "--epochs", "2",
+        "--hidden", "8", "--workers", "1", "--out", str(out)]) == 0
+    assert f"kept fold made by other code, run again: {stale}" in \
+        capsys.readouterr().out
+    (record,) = json.loads(out.read_text())["records"]
+    assert record["resumed_folds"] == 1
+    assert [f["test"] for f in record["folds"]] == \
+        [0.125, earlier["folds"][1]["test"]]
+    assert record["folds"][1]["epochs_run"] == 2
+    assert not cell.exists()

@@ -150,7 +150,7 @@ def _kept_fold(config, fold: int) -> dict | None:
     hmgraph.train.CheckpointError
         The file cannot be read or was made with another setting.
     """
-    from hmgraph.train import CheckpointError
+    from hmgraph.train import CheckpointError, check_saved_settings
 
     path = _fold_path(config, fold)
     if not path.is_file():
@@ -162,13 +162,7 @@ def _kept_fold(config, fold: int) -> dict | None:
         raise CheckpointError(
             f"fold record {path} cannot be read ({type(err).__name__}); "
             f"delete it or run without --resume") from None
-    for key in FOLD_KEYS:
-        if settings.get(key) != getattr(config, key):
-            raise CheckpointError(
-                f"fold record {path} was written with {key}="
-                f"{settings.get(key)!r}, but this run has {key}="
-                f"{getattr(config, key)!r}; use the same setting or "
-                f"another --out")
+    check_saved_settings(f"fold record {path}", settings, config, FOLD_KEYS)
     if kept.get("code") != code_digest():
         log.warning("fold record %s was made by other hmgraph code; "
                     "reused as it is", path)

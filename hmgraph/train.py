@@ -752,6 +752,38 @@ def _save_checkpoint(path, config, model, optimizer, record, completed):
         torch.save(state, tmp)
 
 
+def check_saved_settings(what: str, saved: dict, config, keys,
+                         defaults=None) -> None:
+    """Refuse saved work whose settings differ from this run's.
+
+    Parameters
+    ----------
+    what : str
+        What was saved, for the message, e.g. ``"checkpoint out/ckpt.pt"``.
+    saved : dict
+        The settings the saved work was made with.
+    config : object
+        This run's settings, read by attribute.
+    keys : sequence of str
+        The settings that must agree.
+    defaults : object, optional
+        Values for keys ``saved`` lacks (settings newer than the file);
+        without it a missing key reads as None.
+
+    Raises
+    ------
+    CheckpointError
+        Naming the first key that differs, both values, and the way out.
+    """
+    for key in keys:
+        value = saved.get(key, getattr(defaults, key, None))
+        if value != getattr(config, key):
+            raise CheckpointError(
+                f"{what} was written with {key}={value!r}, but this run has "
+                f"{key}={getattr(config, key)!r}; use the same setting or "
+                f"another --out")
+
+
 def _load_checkpoint(path: Path, config: TrainConfig):
     if not path.is_file():
         log.info("no checkpoint at %s; starting afresh", path)
@@ -763,18 +795,9 @@ def _load_checkpoint(path: Path, config: TrainConfig):
             f"checkpoint {path} cannot be read ({type(err).__name__}); "
             f"delete it or train without --resume"
         ) from None
-    saved = state.get("config", {})
-    defaults = TrainConfig()
-    for key in _CHECKPOINT_KEYS:
-        # A setting newer than the checkpoint: it ran with the default.
-        value = saved.get(key, getattr(defaults, key))
-        if value != getattr(config, key):
-            raise CheckpointError(
-                f"checkpoint {path} was written with {key}="
-                f"{value!r}, but this run has {key}="
-                f"{getattr(config, key)!r}; use the same setting or "
-                f"another --out"
-            )
+    # A setting newer than the checkpoint: it ran with the default.
+    check_saved_settings(f"checkpoint {path}", state.get("config", {}),
+                         config, _CHECKPOINT_KEYS, defaults=TrainConfig())
     done = len(state["record"]["epochs"]) if state.get("record") else 0
     done = max([done] + [len(r["epochs"]) for r in state["completed"]])
     if done > config.epochs or len(state["completed"]) > config.runs:

@@ -111,12 +111,13 @@ def auto_host_budget(feature_bytes: int, working_bytes: int,
 
     What is free (after the graph is loaded), less the run's working set
     (batches in flight, evaluation buffers, a CPU device tier) and a
-    reserve, never more than the feature bytes nor less than 0.
+    reserve, never more than ``feature_bytes`` nor less than 0.
 
     Parameters
     ----------
     feature_bytes : int
-        Bytes of all feature rows (a larger budget would hold nothing).
+        Bytes of all feature rows, with the bookkeeping of a host tier
+        that holds them all (a larger budget would hold nothing more).
     working_bytes : int
         Memory the run needs besides the host tier.
     reserve_bytes : int

@@ -485,6 +485,11 @@ def _host_rows(policy, num_rows, row_bytes, device_rows, budget, staging):
                     format_bytes(metadata))
         return 0, 0, budget >= fixed
     free = budget - fixed
+    if staging > 0 and limit and metadata_bytes(
+            policy, num_rows, device_rows, limit) - fixed \
+            + limit * row_bytes <= free:
+        # Every row fits: the host tier holds them all, nothing to stage.
+        return limit, 0, True
 
     def staged(rows):
         return metadata_bytes(policy, num_rows, device_rows, 0, rows) \

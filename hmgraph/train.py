@@ -432,6 +432,8 @@ def make_loader(config, dataset, sampler, device, profile=None):
         format_bytes,
         parse_budget,
     )
+    from hmgraph.cache.plan import metadata_bytes
+    from hmgraph.cache.policies import POLICIES
 
     if config.features_on not in ("memory", "disk"):
         raise ValueError(f"features_on must be 'memory' or 'disk', got "
@@ -443,7 +445,11 @@ def make_loader(config, dataset, sampler, device, profile=None):
     working = working_set_bytes(config, dataset, sampler, device_budget,
                                 device)
     if str(config.host_budget).strip().lower() == "auto":
-        host_budget = auto_host_budget(feature_bytes, working) if disk else 0
+        # Up to every row with its bookkeeping: the file read once.
+        policy = config.cache if config.cache in POLICIES else "none"
+        whole = feature_bytes + metadata_bytes(
+            policy, dataset.num_nodes, 0, dataset.num_nodes)
+        host_budget = auto_host_budget(whole, working) if disk else 0
     else:
         host_budget = parse_budget(config.host_budget, feature_bytes)
         free = available_bytes("cpu")

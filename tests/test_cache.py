@@ -522,6 +522,22 @@ def test_staging_is_charged_to_the_host_budget():
         make_plan("lru", 1000, 100, 0, 40_000, staging=1.0)
 
 
+def test_a_host_budget_that_holds_every_row_stages_none():
+    # 1000 rows of 100 B with LRU's bookkeeping for all of them fit: the
+    # host tier holds every row and the staging share is not taken.
+    whole = metadata_bytes("lru", 1000, 0, 1000) + 1000 * 100
+    plan = make_plan("lru", 1000, 100, 0, whole, staging=0.25)
+    assert (plan.host_rows, plan.staging_rows) == (1000, 0)
+    plan = make_plan("hmgraph", 1000, 100, 0, metadata_bytes(
+        "hmgraph", 1000, 0, 1000) + 1000 * 100, counts=torch.ones(1000),
+        trace=[torch.arange(500), torch.arange(500, 1000)], staging=0.25)
+    assert (plan.host_rows, plan.staging_rows, plan.static_rows) == (
+        1000, 0, 1000)
+    # A byte less: staging takes its share again.
+    plan = make_plan("lru", 1000, 100, 0, whole - 1, staging=0.25)
+    assert plan.staging_rows > 0 and plan.host_rows < 1000
+
+
 # Bookkeeping (metadata) is charged to the host budget it lives in.
 
 #: Per policy: host bytes per node (policy state, then a 4 B id -> slot

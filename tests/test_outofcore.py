@@ -298,6 +298,35 @@ def test_auto_host_budget_fits_what_is_free():
                             available=20 * gib) == 0
 
 
+def test_an_auto_host_budget_that_holds_the_file_reads_it_once(data_root):
+    """Features on disk with room for all of them: construction reads
+    the file once, in large requests, and the epoch reads nothing more
+    (no row is staged or evicted, every row is a host hit)."""
+    import dgl
+
+    from hmgraph.train import make_loader
+
+    data = datasets.load("synth-tiny", data_root, features_on="disk")
+    config = TrainConfig(dataset="synth-tiny", root=str(data_root),
+                         fanouts=[5, 5], batch_size=64, features_on="disk",
+                         cache="hmgraph", progress=False)
+    loader, memory = make_loader(
+        config, data, dgl.dataloading.NeighborSampler([5, 5]), "cpu")
+    plan, storage = loader.plan, loader.stats.storage
+    assert memory["host_budget_bytes"] > data.feature_bytes
+    assert (plan.host_rows, plan.staging_rows, plan.static_rows) == (
+        data.num_nodes, 0, data.num_nodes)
+    built = storage.bytes_read
+    assert data.feature_bytes <= built < 1.01 * data.feature_bytes
+    for _ in loader:
+        pass
+    loader.close()
+    stats = loader.stats.cache
+    assert storage.bytes_read == built
+    assert stats.hits["host"] == stats.rows_requested > 0
+    assert sum(stats.evicted.values()) == 0
+
+
 def test_host_budget_that_does_not_fit_is_refused(data_root, tmp_path):
     config = TrainConfig(dataset="synth-tiny", root=str(data_root),
                          fanouts=[5, 5], epochs=1, features_on="disk",

@@ -15,7 +15,10 @@ policy with one or more slot stores:
   run them.
 
 Lookups resolve layer by layer in vectorised steps; misses of the last
-layer are read from the source in one call.
+layer are read from the source in one call. A cache whose policies pin
+every row (a host budget as large as the file) is **complete**: nothing
+can miss or move, so reads gather rows straight into request order, one
+copy per store, with no policy step (`FeatureCache.complete`).
 
 **Window read planning.** Over a storage tier, the lookahead window also
 plans reads: the disk reads whole blocks (and short gaps), so rows the
@@ -178,6 +181,10 @@ class FeatureCache(Feature):
     Static policies are filled at construction (rows read from the source
     in chunks). See `Feature.read`; `read` also takes ``future``, the
     unique ids of the batches ahead, for policies that look ahead.
+
+    When the policies pin every row (`complete`), a read is one gather
+    per store in request order: no policy steps (none could change
+    anything), no reordering copy.
     """
 
     def __init__(self, source: Feature, layers: Sequence[Layer],
@@ -201,7 +208,60 @@ class FeatureCache(Feature):
             self._marked = None  # ids marked by the last window
         for layer in self.layers:
             self._warm(layer)
+        self._complete = self._pinning_stores()
         self.stats.metadata_bytes = self.metadata_nbytes()
+
+    @property
+    def complete(self) -> bool:
+        """Whether the policies pin every row in a store: reads then
+        never miss, and are served without the policies (`Notes`)."""
+        return self._complete is not None
+
+    def _pinning_stores(self) -> list[SlotStore] | None:
+        """The stores, when together they hold every row for good."""
+        if self.staging is not None or not self.layers:
+            return None
+        held = torch.zeros(self.num_rows, dtype=torch.bool)
+        for layer in self.layers:
+            pinned = layer.policy.pinned()
+            for store in layer.stores:
+                held[pinned[store.slots(pinned) >= 0]] = True
+        return self.stores if bool(held.all()) else None
+
+    def _gather_held(self, ids: torch.Tensor, stats: CacheStats
+                     ) -> torch.Tensor:
+        """Rows of ``ids`` from a complete cache's stores, counted in
+        ``stats``: one gather per store, straight into request order
+        unless an id repeats (each row is then gathered once)."""
+        start = time.perf_counter()
+        unique, inverse = unique_sorted(ids)
+        repeats = inverse is not None and inverse.numel() > unique.numel()
+        asked = unique if repeats else ids
+        stores = self._complete
+        if len(stores) == 1:
+            store = stores[0]
+            out = store.gather(store.slots(asked)).to(self.device)
+            found = {store.name: asked.numel()}
+        else:
+            out = torch.empty((asked.numel(), *self.row_shape),
+                              dtype=self.dtype, device=self.device)
+            pending, found = torch.arange(asked.numel()), {}
+            for store in stores:
+                slots = store.slots(asked[pending])
+                held = slots >= 0
+                out[pending[held].to(self.device)] = store.gather(
+                    slots[held]).to(self.device)
+                _add(found, store.name, int(held.sum()))
+                pending = pending[~held]
+        for tier, rows in found.items():
+            self._count_hits(tier, rows, stats)
+        self._count_hits("source", 0, stats)
+        _add(stats.bytes, "storage->host", 0)
+        stats.requests += 1
+        stats.rows_requested += asked.numel()
+        stats.seconds += time.perf_counter() - start
+        return out.index_select(0, inverse.to(self.device)) if repeats \
+            else out
 
     @property
     def stores(self) -> list[SlotStore]:
@@ -268,6 +328,9 @@ class FeatureCache(Feature):
         return self._read(check_ids(ids, self.num_rows), future)
 
     def _read(self, ids, future=()) -> torch.Tensor:
+        if self._complete is not None:
+            with self._lock:  # counters move one read at a time
+                return self._gather_held(ids, self.stats)
         with self._lock:  # one read at a time: iterators may overlap
             return self._read_locked(ids, future)
 
@@ -375,11 +438,12 @@ class FeatureCache(Feature):
         _add(self.stats.admitted, "staged", ids.numel())
         _add(self.stats.bytes, "storage->host", self.row_bytes * ids.numel())
 
-    def _count_hits(self, tier: str, rows: int) -> None:
+    def _count_hits(self, tier: str, rows: int, stats=None) -> None:
         """Rows served by ``tier``; all but the device's cross to it."""
-        _add(self.stats.hits, tier, rows)
+        stats = self.stats if stats is None else stats
+        _add(stats.hits, tier, rows)
         if tier != "device":
-            _add(self.stats.bytes, "host->device", rows * self.row_bytes)
+            _add(stats.bytes, "host->device", rows * self.row_bytes)
 
     def _apply(self, layer: Layer, step, unique, out, where) -> None:
         for store in layer.stores:
@@ -456,6 +520,8 @@ class FrozenView(Feature):
         self.stats = CacheStats()
 
     def _read(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.cache.complete:
+            return self.cache._gather_held(ids, self.stats)
         start = time.perf_counter()
         unique, out, where, inverse = _request(ids, self)
         pending = torch.arange(unique.numel())

@@ -19,7 +19,11 @@ from hypothesis import strategies as st
 
 import hmgraph
 from hmgraph.cache.budget import check_available, parse_budget
-from hmgraph.cache.coordinated import CacheStats, FeatureCache
+from hmgraph.cache.coordinated import (
+    CacheStats,
+    FeatureCache,
+    FrozenView,
+)
 from hmgraph.cache.feature import TensorFeature, check_ids
 from hmgraph.cache.format import write_feature_file
 from hmgraph.cache.plan import (
@@ -536,6 +540,34 @@ def test_a_host_budget_that_holds_every_row_stages_none():
     # A byte less: staging takes its share again.
     plan = make_plan("lru", 1000, 100, 0, whole - 1, staging=0.25)
     assert plan.staging_rows > 0 and plan.host_rows < 1000
+
+
+@pytest.mark.parametrize("policy", ["hmgraph", "presample"])
+def test_a_cache_that_pins_every_row_reads_without_its_policy(
+        rows, feature_path, policy, monkeypatch):
+    """Every row pinned across both tiers: reads never miss, are the
+    file's rows in request order (repeats too), are counted per row, and
+    no policy step runs; a row short of the file, the policy decides."""
+    source = make_source("storage", rows, feature_path)
+    with make_cache(policy, (NUM_ROWS // 3, NUM_ROWS), source) as cache:
+        assert cache.complete and len(cache.stores) == 2
+        monkeypatch.setattr(cache.layers[0].policy, "step", None)
+        read = source.stats.rows_read
+        ids = torch.randperm(NUM_ROWS)[:200]
+        for asked in (ids, torch.cat([ids[:50], ids[:10]])):
+            torch.testing.assert_close(
+                cache.read(asked), torch.from_numpy(rows[asked.numpy()]),
+                rtol=0, atol=0)
+        view = FrozenView(cache)
+        check_feature_contract(view, rows, ids)
+        assert source.stats.rows_read == read  # nothing read from disk
+        assert cache.stats.rows_requested == 250
+        assert sum(cache.stats.hits.values()) == 250
+        assert cache.stats.hits["source"] == 0 and cache.stats.requests == 2
+        assert view.stats.hits["source"] == 0
+    source = make_source("storage", rows, feature_path)
+    with make_cache(policy, (0, NUM_ROWS - 1), source) as cache:
+        assert not cache.complete
 
 
 # Bookkeeping (metadata) is charged to the host budget it lives in.

@@ -328,10 +328,9 @@ class FeatureCache(Feature):
         return self._read(check_ids(ids, self.num_rows), future)
 
     def _read(self, ids, future=()) -> torch.Tensor:
-        if self._complete is not None:
-            with self._lock:  # counters move one read at a time
-                return self._gather_held(ids, self.stats)
         with self._lock:  # one read at a time: iterators may overlap
+            if self._complete is not None:
+                return self._gather_held(ids, self.stats)
             return self._read_locked(ids, future)
 
     def _read_locked(self, ids, future) -> torch.Tensor:

@@ -101,9 +101,11 @@ class TrainConfig:
         of the training loader's own batches (inside each cluster with
         ``renumber``), so the rows a static cache holds fill whole pages
         and storage misses fall on cold pages; the feature file is
-        rewritten once and cached beside it (``renumbered-hot-first/``),
-        rewritten again only when the profile orders it otherwise (the
-        profile samples on one thread, so the same settings repeat it).
+        rewritten once and cached beside it, under a folder named by the
+        order (``renumbered-hot-first-<digest>/``): another order (another
+        seed or profile) gets a folder of its own, so runs sharing a root
+        never rewrite each other's (the profile samples on one thread, so
+        the same settings repeat it and reuse the folder).
         ``"auto"``: hot-first with features on disk and a profiled cache
         policy (``presample``, ``layer-aware``, ``hmgraph``), else file
         (see `resolve_layout`).

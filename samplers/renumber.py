@@ -120,8 +120,8 @@ def renumber_feature_file(source: str | os.PathLike,
 
     Row ``new`` of the target is row ``perm[new]`` of the source, gathered
     and written 256 MB at a time (never the whole matrix). Written
-    atomically (temporary name, fsync, rename); an existing target with the
-    source's shape and dtype is kept.
+    atomically (temporary name, fsync, rename): an existing target is
+    replaced whole once the new one is complete, never rewritten in place.
 
     Returns
     -------
@@ -135,10 +135,6 @@ def renumber_feature_file(source: str | os.PathLike,
             f"permutation of {perm.numel()} ids for a feature file of "
             f"{manifest.num_rows} rows"
         )
-    if target.is_file():
-        done = read_manifest(target)
-        if done.shape == manifest.shape and done.dtype == manifest.dtype:
-            return target
     # Chunk by chunk of new ids: the storage tier gathers each chunk's old
     # rows (sorted, coalesced, O_DIRECT); memory is one chunk.
     chunk = max(1, _CHUNK_BYTES // max(manifest.row_bytes, 1))

@@ -17,6 +17,7 @@ from hmgraph.cache.format import (
     verify_feature_file,
 )
 from hmgraph.datasets.base import FEATURE_FILE, NodeDataset
+from hmgraph.datasets.locking import exclusive_lock
 from hmgraph.samplers.renumber import (
     cluster_permutation,
     inverse_permutation,
@@ -54,14 +55,20 @@ def permuted(dataset: NodeDataset, perm: torch.Tensor, tag: str,
 
     The graph, labels, split and feature file are in the new ids; the
     rewritten feature file is cached beside the one it is read from, under
-    ``renumbered-<tag>/``, with a record (``derived.json``) of what it was
-    derived from (the source file's checksum, the permutation's hash) and
-    its own checksum: reused while all match, rebuilt when missing or
-    stale, refused in one line when its rows fail the checksum. The
-    returned dataset's ``info`` holds ``perm`` (new -> original id) and
-    ``inverse`` (original -> new), ``folder`` and ``reused`` (True when
-    the rewritten file was already there); `to_original` maps per-node
-    outputs back, so predictions and evaluation stay in the user's ids.
+    ``renumbered-<tag>-<digest>/``, where ``digest`` names what it is
+    derived from (the source file's checksum and the permutation's hash),
+    so runs that order the rows differently (other seeds) never share a
+    folder. Beside it are ``perm.npy`` and a record (``derived.json``) of
+    that identity and of the file's own checksum: reused while all match
+    (``perm.npy`` included), rebuilt when missing or stale, refused in one
+    line when its rows fail the checksum. One process writes a folder,
+    under an exclusive lock (its ``.lock``); others wait and reuse it, and
+    every file is renamed into place whole, so no run reads a file that
+    another is writing. The returned dataset's ``info`` holds ``perm``
+    (new -> original id) and ``inverse`` (original -> new), ``folder`` and
+    ``reused`` (True when the rewritten file was already there);
+    `to_original` maps per-node outputs back, so predictions and
+    evaluation stay in the user's ids.
 
     Renumbering composes: when ``dataset`` is renumbered already (its
     ``info`` has ``perm``), ``perm`` is relative to its ids, its feature
@@ -100,28 +107,25 @@ def permuted(dataset: NodeDataset, perm: torch.Tensor, tag: str,
     total = perm if base is None else base[perm]
     # (2) The feature file, rewritten from the dataset's own file unless
     # the cached one was derived from this very source and order, and is
-    # whole (its record, written last, names all three).
-    folder = Path(dataset.feature_path).parent / f"renumbered-{tag}"
-    perm_path = folder / "perm.npy"
-    record_path = folder / DERIVED_RECORD
-    target = folder / FEATURE_FILE
+    # whole (its record, written last, names all three). The folder is
+    # named by that identity; one process writes it, the others wait.
     identity = {"source": str(Path(dataset.feature_path).name),
                 "source_checksum": read_manifest(
                     dataset.feature_path).checksum,
                 "perm_sha256": hashlib.sha256(
                     total.numpy().tobytes()).hexdigest()}
-    reused = _derived(record_path, target, identity, verify)
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode())
+    folder = Path(dataset.feature_path).parent / \
+        f"renumbered-{tag}-{digest.hexdigest()[:DIGEST_CHARS]}"
+    reused = _derived(folder, identity)
     if not reused:
-        folder.mkdir(parents=True, exist_ok=True)
-        for stale in (record_path, perm_path, target):
-            stale.unlink(missing_ok=True)
-        renumber_feature_file(dataset.feature_path, target, perm)
-        with atomic_path(perm_path) as tmp:
-            with open(tmp, "wb") as f:
-                np.save(f, total.numpy())
-        record = dict(identity, checksum=read_manifest(target).checksum)
-        with atomic_path(record_path) as tmp:  # written last: the marker
-            tmp.write_text(json.dumps(record, indent=1))
+        with exclusive_lock(folder / ".lock", folder):
+            reused = _derived(folder, identity)  # another run's, meanwhile
+            if not reused:
+                _derive(dataset.feature_path, folder, perm, total, identity)
+    target = folder / FEATURE_FILE
+    if verify and reused:
+        verify_feature_file(target)
     # (3) Graph, labels and split in the new ids.
     graph = renumber_graph(dataset.graph, perm, inverse)
     split = {k: inverse[v] for k, v in dataset.split.items()}
@@ -134,30 +138,57 @@ def permuted(dataset: NodeDataset, perm: torch.Tensor, tag: str,
 
 
 DERIVED_RECORD = "derived.json"
+PERM_FILE = "perm.npy"
+#: Hex digits of the identity's SHA-256 in a derived folder's name.
+DIGEST_CHARS = 16
 
 
-def _derived(record_path: Path, target: Path, identity: dict,
-             verify: bool) -> bool:
-    """Whether ``target`` is whole and derived as ``identity`` says.
+def _derived(folder: Path, identity: dict) -> bool:
+    """Whether ``folder`` holds a whole file derived as ``identity`` says.
 
-    Raises
-    ------
-    FeatureFileError
-        The file matches its record but its rows fail the checksum.
+    Its record must name ``identity`` and the file's checksum, and
+    ``perm.npy`` must hold the permutation the record names (its shape and
+    SHA-256). Reads headers and ``perm.npy``, not the rows.
     """
+    target = folder / FEATURE_FILE
     try:
-        record = json.loads(record_path.read_text())
+        record = json.loads((folder / DERIVED_RECORD).read_text())
         manifest = read_manifest(target)
-    except (OSError, ValueError):
+        perm = np.load(folder / PERM_FILE, allow_pickle=False)
+    except (OSError, ValueError, EOFError):
         return False  # missing, half-written or foreign: rebuild
-    if any(record.get(k) != v for k, v in identity.items()) or \
+    if not isinstance(record, dict) or \
+            any(record.get(k) != v for k, v in identity.items()) or \
             record.get("checksum") != manifest.checksum:
         log.info("%s was derived from another source or order; "
-                 "rewriting it", target.parent)
+                 "rewriting it", folder)
         return False
-    if verify:
-        verify_feature_file(target)
+    if perm.shape != (manifest.num_rows,) or perm.dtype != np.int64 or \
+            hashlib.sha256(np.ascontiguousarray(perm).tobytes()).hexdigest(
+            ) != identity["perm_sha256"]:
+        log.info("%s/%s is not the permutation its record names; "
+                 "rewriting the folder", folder, PERM_FILE)
+        return False
     return True
+
+
+def _derive(source: Path, folder: Path, perm: torch.Tensor,
+            total: torch.Tensor, identity: dict) -> None:
+    """Write ``folder``: rows of ``source`` in ``perm`` order, ``total``.
+
+    The caller holds the folder's lock. The record goes first (a reader
+    checks it first) and comes back last; the rows and ``perm.npy`` are
+    renamed into place whole, never rewritten in place.
+    """
+    record_path = folder / DERIVED_RECORD
+    record_path.unlink(missing_ok=True)
+    target = renumber_feature_file(source, folder / FEATURE_FILE, perm)
+    with atomic_path(folder / PERM_FILE) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, total.numpy())
+    record = dict(identity, checksum=read_manifest(target).checksum)
+    with atomic_path(record_path) as tmp:  # written last: the marker
+        tmp.write_text(json.dumps(record, indent=1))
 
 
 def to_original(dataset: NodeDataset, values: torch.Tensor) -> torch.Tensor:

@@ -12,17 +12,24 @@ Each stage is a generator over typed batches:
 batches ahead. Errors in the thread surface in the consumer; a thread that
 dies without a word is detected within a fraction of a second; `close`
 (on ``break``, an exception or Ctrl-C in the training loop) stops and joins
-the thread, so nothing is left behind.
+the thread, so nothing is left behind. At interpreter exit every thread
+still running is closed the same way (newest first), before Python
+finalizes: a daemon thread that is inside a torch call then would be
+ended in the middle of C++ code that may not unwind (``terminate called
+without an active exception``, exit code 134), so a script may end with
+live iterators.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import functools
 import itertools
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -196,6 +203,7 @@ class Prefetcher:
         self._done = False
         self._thread = threading.Thread(target=self._run, name=name,
                                         daemon=True)
+        _LIVE[next(_NUMBERS)] = self
         self._thread.start()
 
     def _run(self) -> None:
@@ -251,7 +259,8 @@ class Prefetcher:
         return item
 
     def close(self) -> None:
-        """Stop the thread and wait for it; idempotent."""
+        """Stop the thread and wait for it; idempotent (also called at
+        interpreter exit)."""
         self._stop.set()
         while self._thread.is_alive():
             try:
@@ -261,3 +270,25 @@ class Prefetcher:
                 pass
             self._thread.join(timeout=_POLL_SECONDS)
         self._done = True
+
+
+#: Prefetchers whose thread may still run, by creation number.
+_LIVE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_NUMBERS = itertools.count()
+
+
+@atexit.register
+def _close_live() -> None:
+    """Close every live `Prefetcher`, newest first (a consumer before the
+    stage it reads), while the interpreter is still whole.
+
+    atexit handlers run before Python finalizes; a daemon thread that
+    then wakes inside native code (a torch op that released the GIL)
+    is ended with ``pthread_exit``, whose unwinding aborts at pybind11's
+    noexcept destructors. Registered when this module is imported, i.e.
+    after torch's own handlers, so it runs before them.
+    """
+    for number in sorted(_LIVE.keys(), reverse=True):
+        prefetcher = _LIVE.get(number)
+        if prefetcher is not None:
+            prefetcher.close()

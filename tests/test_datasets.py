@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
+import pickle
 import shutil
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,8 +100,9 @@ def test_planetoid_cora(shared_data, tmp_path, monkeypatch):
     assert torch.allclose(sums[sums > 0], torch.ones(1))
     _, rows = open_feature_file(cora.feature_path, verify=True)
     np.testing.assert_array_equal(rows, cora.features.numpy())
-    # The feature file went to the cache instead.
-    assert cora.feature_path.parent == cache / "cora"
+    # The feature file went to the cache instead, in a folder named by
+    # the source's content.
+    assert cora.feature_path.parent.parent == cache / "cora"
 
 
 def test_planetoid_writable_copy_keeps_files_beside_it(shared_data, tmp_path,
@@ -114,6 +119,100 @@ def test_planetoid_writable_copy_keeps_files_beside_it(shared_data, tmp_path,
     cora = datasets.load("cora", folder.parent)
     assert cora.feature_path.parent == folder / "hmgraph"
     assert not cache.exists()
+
+
+#: A column order for Cora's 1433 features: a copy that differs from the
+#: original in content only.
+COLUMNS = np.random.default_rng(0).permutation(1433)
+
+
+def _cora_copy(shared_data, folder: Path) -> Path:
+    """A writable copy of Cora's Planetoid files in ``folder``."""
+    shutil.copytree(shared_data / "Cora", folder,
+                    copy_function=shutil.copyfile)
+    for path in [folder, *folder.iterdir()]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return folder
+
+
+def _permute_columns(folder: Path, columns: np.ndarray) -> None:
+    """Rewrite Cora's feature matrices with their columns in ``columns``
+    order (Python pickles, as the Planetoid files are)."""
+    for part in ("x", "allx", "tx"):
+        path = folder / f"ind.cora.{part}"
+        with open(path, "rb") as f, warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # scipy
+            matrix = pickle.load(f, encoding="latin1")
+        path.write_bytes(pickle.dumps(matrix[:, columns], protocol=2))
+
+
+def test_read_only_copies_that_differ_keep_their_own_features(
+        shared_data, tmp_path, monkeypatch):
+    """Two read-only copies of Cora, the second with its feature columns
+    permuted, share one cache: each trains on its own rows."""
+    monkeypatch.setenv("HMGRAPH_CACHE", str(tmp_path / "cache"))
+    first = _cora_copy(shared_data, tmp_path / "a" / "Cora")
+    second = _cora_copy(shared_data, tmp_path / "b" / "Cora")
+    _permute_columns(second, COLUMNS)
+    with read_only_copy(first, tmp_path / "ro-a" / "Cora") as a, \
+            read_only_copy(second, tmp_path / "ro-b" / "Cora") as b:
+        loads = [(a, datasets.load("cora", a.parent, features_on="disk")),
+                 (b, datasets.load("cora", b.parent, features_on="disk")),
+                 (a, datasets.load("cora", a.parent, features_on="disk"))]
+    rows = {folder: np.asarray(data.features) for folder, data in loads}
+    np.testing.assert_array_equal(rows[b], rows[a][:, COLUMNS])
+    assert loads[0][1].feature_path == loads[2][1].feature_path
+    assert loads[0][1].feature_path != loads[1][1].feature_path
+    for folder, data in loads:
+        _, stored = open_feature_file(data.feature_path, verify=True)
+        np.testing.assert_array_equal(stored, rows[folder])
+
+
+def test_feature_file_follows_its_source_changed_in_place(shared_data,
+                                                         tmp_path):
+    """A writable copy whose files change: the feature file beside it is
+    checked against the rows read from them and written again."""
+    folder = _cora_copy(shared_data, tmp_path / "data" / "Cora")
+    before = np.asarray(datasets.load("cora", folder.parent,
+                                      features_on="disk").features)
+    _permute_columns(folder, COLUMNS)
+    after = datasets.load("cora", folder.parent, features_on="disk")
+    np.testing.assert_array_equal(np.asarray(after.features),
+                                  before[:, COLUMNS])
+    memory = datasets.load("cora", folder.parent)
+    np.testing.assert_array_equal(memory.features.numpy(),
+                                  before[:, COLUMNS])
+
+
+def test_read_only_ogbg_copies_are_cached_per_content(shared_data, tmp_path,
+                                                      monkeypatch):
+    """Two read-only copies of ogbg_molbace that differ in one file get
+    one cached (writable) copy each, holding that copy's files."""
+    from hmgraph.datasets.graphprop import _writable_copy
+
+    if not (shared_data / "ogbg_molbace").is_dir():
+        pytest.skip(f"ogbg_molbace not in {shared_data}")
+    monkeypatch.setenv("HMGRAPH_CACHE", str(tmp_path / "cache"))
+    other = tmp_path / "other" / "ogbg_molbace"
+    shutil.copytree(shared_data / "ogbg_molbace", other,
+                    copy_function=shutil.copyfile)
+    labels = other / "raw" / "graph-label.csv.gz"
+    labels.chmod(0o644)
+    with gzip.open(labels, "rt") as f:
+        flipped = "".join(f"{1 - int(line)}\n" for line in f)
+    with gzip.open(labels, "wt") as f:
+        f.write(flipped)
+    with read_only_copy(shared_data / "ogbg_molbace",
+                        tmp_path / "ro-a" / "ogbg_molbace") as a, \
+            read_only_copy(other, tmp_path / "ro-b" / "ogbg_molbace") as b:
+        copies = {a: _writable_copy(a), b: _writable_copy(b)}
+        assert copies[a] != copies[b]
+        assert _writable_copy(a) == copies[a]
+        for source, copy in copies.items():
+            assert copy.name == "ogbg_molbace"
+            for path in source.rglob("*.csv.gz"):
+                target = copy / path.relative_to(source)
+                assert target.read_bytes() == path.read_bytes(), target
 
 
 def test_planetoid_citeseer(shared_data):

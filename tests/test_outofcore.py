@@ -404,6 +404,30 @@ def test_papers100m_is_streamed_from_ogb_raw_files(tmp_path, monkeypatch):
     assert again.graph.num_edges() == data.graph.num_edges()
 
 
+def test_papers100m_feature_file_follows_its_raw_files(tmp_path):
+    """Raw files replaced in place (same shape, other rows): the feature
+    file and the cached graph are made again from them; deleted, the
+    feature file is made again."""
+    _fake_papers100m(tmp_path)
+    data = datasets.load("ogbn-papers100M", tmp_path, features_on="disk")
+    npz = tmp_path / "ogbn_papers100M" / "raw" / "data.npz"
+    with np.load(npz) as arrays:
+        contents = dict(arrays)
+    contents["node_feat"] = contents["node_feat"][::-1] * 2
+    contents["edge_index"] = contents["edge_index"][:, :1000]
+    contents["num_edges_list"] = np.array([1000])
+    np.savez_compressed(npz, **contents)
+    again = datasets.load("ogbn-papers100M", tmp_path, features_on="disk")
+    assert again.feature_path == data.feature_path
+    np.testing.assert_array_equal(np.asarray(again.features),
+                                  contents["node_feat"])
+    assert again.graph.num_edges() <= 2000 < data.graph.num_edges()
+    again.feature_path.unlink()
+    third = datasets.load("ogbn-papers100M", tmp_path, features_on="disk")
+    np.testing.assert_array_equal(np.asarray(third.features),
+                                  contents["node_feat"])
+
+
 def test_papers100m_missing_raw_files_are_named(tmp_path):
     with pytest.raises(datasets.DatasetError,
                        match=r"expected .*ogbn_papers100M/raw/data\.npz"):

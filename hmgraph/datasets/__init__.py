@@ -9,6 +9,7 @@ Examples
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -17,7 +18,11 @@ from pathlib import Path
 
 import torch
 
-from hmgraph.cache.format import read_manifest, verify_feature_file
+from hmgraph.cache.format import (
+    atomic_path,
+    read_manifest,
+    verify_feature_file,
+)
 from hmgraph.datasets.base import (
     FEATURE_FILE,
     AccuracyEvaluator,
@@ -26,6 +31,7 @@ from hmgraph.datasets.base import (
     attach_feature_file,
     read_feature_rows,
 )
+from hmgraph.datasets.locking import exclusive_lock
 from hmgraph.datasets.ogb_prompts import answer_ogb_prompts
 from hmgraph.datasets.ogb_stream import (
     STREAMED,
@@ -33,6 +39,7 @@ from hmgraph.datasets.ogb_stream import (
     stream_features,
 )
 from hmgraph.datasets.planetoid import PLANETOID, find_planetoid
+from hmgraph.datasets.sources import source_digest, source_files
 from hmgraph.datasets.synthetic import SPECS, make_synthetic, meta_dict
 from hmgraph.datasets.synthetic import feature_path as synthetic_feature_path
 
@@ -51,6 +58,8 @@ OGB_NODE_DATASETS = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
 # OGB stores these as directed edge lists; GNNs train on both directions.
 _DIRECTED = {"ogbn-arxiv", "ogbn-papers100M"}
 _DOWNLOAD_TIMEOUT_SECONDS = 30
+# Hex digits of a source digest in a cache folder's name.
+_DIGEST_CHARS = 16
 
 
 class DatasetError(ValueError):
@@ -162,8 +171,7 @@ def _load_streamed(name: str, root: Path, features_on: str, verify: bool,
         )
     cache = _cache_folder(folder, name)
     target = cache / FEATURE_FILE
-    if not target.is_file():
-        stream_features(folder / "raw", target, progress=progress)
+    _stream_unless_current(folder, cache, target, progress)
     graph, raw_labels, split = read_raw_graph(folder, cache,
                                               bidirected=name in _DIRECTED)
     labels = as_labels(raw_labels)
@@ -178,6 +186,45 @@ def _load_streamed(name: str, root: Path, features_on: str, verify: bool,
     if features_on == "memory":
         graph.ndata["feat"] = read_feature_rows(target)
     return dataset
+
+
+#: Beside a streamed set's feature file: the digest of the raw files it
+#: and the cached graph were made from.
+_SOURCE_RECORD = "source.json"
+#: The graph `read_raw_graph` caches beside the feature file.
+_STREAMED_GRAPH = "graph.dgl"
+
+
+def _stream_unless_current(folder: Path, cache: Path, target: Path,
+                           progress: bool) -> None:
+    """Stream the features into ``target`` unless made from these raw files.
+
+    ``cache/source.json`` names the digest of ``folder/raw`` that the
+    feature file and the cached graph were made from; when it is missing
+    or names other files (the dataset changed in place), or the feature
+    file is gone, both are made again: one process, under ``cache/.lock``,
+    while others wait.
+    """
+    digest = source_digest(source_files(folder / "raw"), folder)
+    record = cache / _SOURCE_RECORD
+
+    def current() -> bool:
+        try:
+            made_from = json.loads(record.read_text()).get("raw_sha256")
+        except (OSError, ValueError, AttributeError):
+            return False
+        return made_from == digest and os.path.lexists(target)
+
+    if current():
+        return
+    with exclusive_lock(cache / ".lock", target):
+        if current():  # another run made them meanwhile
+            return
+        record.unlink(missing_ok=True)
+        (cache / _STREAMED_GRAPH).unlink(missing_ok=True)
+        stream_features(folder / "raw", target, progress=progress)
+        with atomic_path(record) as tmp:  # written last: the marker
+            tmp.write_text(json.dumps({"raw_sha256": digest}))
 
 
 def _checked(path: Path, num_nodes: int, verify: bool) -> Path:
@@ -197,13 +244,19 @@ def _cache_folder(dataset_folder: Path, name: str) -> Path:
 
     Beside the dataset when its folder is writable by its owner; a folder
     without write bits (shared, read-only data) is left untouched and the
-    files go under ``$HMGRAPH_CACHE`` (default ``~/.cache/hmgraph``).
+    files go under ``$HMGRAPH_CACHE`` (default ``~/.cache/hmgraph``), in
+    ``<name>/<digest>/``: the digest names the source files' content
+    (`hmgraph.datasets.sources.source_digest`), so two copies that differ
+    never share derived files.
     """
     mode = os.stat(dataset_folder).st_mode
     if mode & stat.S_IWUSR and os.access(dataset_folder, os.W_OK):
         return Path(dataset_folder) / "hmgraph"
     cache = os.environ.get("HMGRAPH_CACHE", "~/.cache/hmgraph")
-    return Path(cache).expanduser() / name
+    pattern = f"ind.{name}.*" if name in PLANETOID else "**/*"
+    digest = source_digest(source_files(dataset_folder, pattern),
+                           dataset_folder)
+    return Path(cache).expanduser() / name / digest[:_DIGEST_CHARS]
 
 
 def _load_ogb_format(name: str, folder: Path, synthetic: bool):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,18 +12,18 @@ import numpy as np
 import torch
 
 from hmgraph.cache.format import (
-    FeatureFileError,
     FeatureManifest,
     open_feature_file,
     read_manifest,
     verify_feature_file,
     write_feature_file,
 )
+from hmgraph.datasets.locking import exclusive_lock
 
 log = logging.getLogger(__name__)
 
 __all__ = ["AccuracyEvaluator", "NodeDataset", "attach_feature_file",
-           "graph_bytes", "read_feature_rows"]
+           "graph_bytes", "read_feature_rows", "rows_checksum"]
 
 FEATURE_FILE = "node-feat.bin"
 
@@ -180,9 +181,13 @@ def attach_feature_file(
 ) -> Path:
     """Make sure ``folder`` holds the feature file of ``features``.
 
-    A missing file is written (atomically). An existing file is checked: it
-    must be complete, of the right shape and dtype and, with ``verify``,
-    match its checksum; otherwise one line says what is wrong.
+    The file is checked against its source, the rows in memory: its
+    manifest must name their shape, dtype and checksum (CRC-32 of the row
+    bytes). A missing file, or one written from other rows (the dataset's
+    files changed since), is written (atomically, one process at a time
+    under ``folder/.lock``; others wait and find it written). An existing
+    file that is damaged (truncated, a bad header, with ``verify`` rows
+    that fail the checksum) is refused in one line.
 
     Returns
     -------
@@ -191,18 +196,47 @@ def attach_feature_file(
     """
     path = Path(folder) / FEATURE_FILE
     rows = features.numpy()
-    if not path.exists():
-        log.info("writing feature file %s", path)
-        write_feature_file(path, rows)
+    source = (tuple(rows.shape), rows.dtype.name, rows_checksum(rows))
+    if _written_from(path, source):
+        if verify:
+            verify_feature_file(path)
         return path
-    manifest = verify_feature_file(path) if verify else read_manifest(path)
-    if manifest.shape != rows.shape or manifest.dtype != rows.dtype.name:
-        raise FeatureFileError(
-            f"feature file {path} holds {manifest.dtype} rows of shape "
-            f"{manifest.shape}, but the dataset has {rows.dtype.name} "
-            f"{tuple(rows.shape)}; delete it to rebuild it"
-        )
+    with exclusive_lock(Path(folder) / ".lock", path):
+        if not _written_from(path, source):  # nor by another run meanwhile
+            log.info("writing feature file %s", path)
+            write_feature_file(path, rows)
     return path
+
+
+def _written_from(path: Path, source: tuple) -> bool:
+    """Whether ``path`` exists and its manifest names ``source`` (shape,
+    dtype, checksum); a damaged file raises `FeatureFileError`."""
+    if not os.path.lexists(path):
+        return False
+    manifest = read_manifest(path)
+    if (manifest.shape, manifest.dtype, manifest.checksum) == source:
+        return True
+    log.info("%s holds %s rows of shape %s (%s), not the dataset's %s %s "
+             "(%s): its files changed; rewriting it", path, manifest.dtype,
+             manifest.shape, manifest.checksum, source[1], source[0],
+             source[2])
+    return False
+
+
+def rows_checksum(rows: np.ndarray) -> str:
+    """The checksum a feature file of ``rows`` carries (``crc32:...``).
+
+    Computed 64 MB of rows at a time, so a strided array is copied one
+    piece at a time, never whole.
+    """
+    rows = np.asarray(rows)
+    row_bytes = max(1, rows[:1].nbytes)
+    step = max(1, (64 << 20) // row_bytes)
+    crc = 0
+    for start in range(0, len(rows), step):
+        part = np.ascontiguousarray(rows[start:start + step])
+        crc = zlib.crc32(part.reshape(-1).view(np.uint8), crc)
+    return f"crc32:{crc:08x}"
 
 
 def as_labels(raw) -> torch.Tensor:

@@ -9,8 +9,9 @@ copy in OGB's layout (``ROOT/ogbg_molbace/raw/*.csv.gz``, ``split/``,
   `hmgraph.datasets.ogb_prompts.answer_ogb_prompts`).
 - ogb writes ``processed/dgl_data_processed`` under the dataset folder. A
   folder we cannot write (shared, read-only data) is first copied, once and
-  atomically, to ``$HMGRAPH_CACHE/ogbg/<folder>`` (default
-  ``~/.cache/hmgraph``), and ogb works on the copy.
+  atomically, to ``$HMGRAPH_CACHE/ogbg/<digest>/<folder>`` (default
+  ``~/.cache/hmgraph``; the digest names the source's content, see
+  `hmgraph.datasets.sources`), and ogb works on the copy.
 
 Only single-task binary classification datasets are supported (``ogbg-
 molhiv``, ``ogbg-molbace``, ``ogbg-molbbbp``): the classifier is trained
@@ -34,6 +35,7 @@ import numpy as np
 
 from hmgraph.datasets import DatasetError
 from hmgraph.datasets.ogb_prompts import answer_ogb_prompts
+from hmgraph.datasets.sources import source_digest, source_files
 from hmgraph.datasets.tu import GraphDataset
 
 __all__ = ["OGB_GRAPH_DATASETS", "load_ogbg"]
@@ -112,11 +114,17 @@ def _from_ogb(name: str, folder: Path) -> GraphDataset:
 
 
 def _writable_copy(folder: Path) -> Path:
-    """``folder`` itself if we may write in it, else a cached copy."""
+    """``folder`` itself if we may write in it, else a cached copy.
+
+    The copy is ``$HMGRAPH_CACHE/ogbg/<digest>/<folder name>``, the digest
+    naming the source files' content (`source_digest`): another copy that
+    differs gets a copy of its own, never this one's processed files.
+    """
     if os.access(folder, os.W_OK) and os.stat(folder).st_mode & stat.S_IWUSR:
         return folder
     cache = Path(os.environ.get("HMGRAPH_CACHE", "~/.cache/hmgraph"))
-    target = cache.expanduser() / "ogbg" / folder.name
+    digest = source_digest(source_files(folder), folder)
+    target = cache.expanduser() / "ogbg" / digest[:16] / folder.name
     if (target / "raw").is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

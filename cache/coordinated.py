@@ -37,14 +37,20 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
+from hmgraph.cache import compiled
 from hmgraph.cache.feature import Feature, check_ids, unique_sorted
 from hmgraph.cache.policies import Policy
 from hmgraph.cache.slots import SlotStore
 
-__all__ = ["MARK_BYTES", "CacheStats", "FeatureCache", "FrozenView",
-           "Layer"]
+__all__ = ["ENGINES", "MARK_BYTES", "CacheStats", "FeatureCache",
+           "FrozenView", "Layer"]
+
+#: How a cache reads a batch: the compiled engine, or the tensor code it
+#: is tested against (the reference).
+ENGINES = ("compiled", "torch")
 
 _WARM_CHUNK_ROWS = 1 << 16
 #: Host bytes per node of window read planning's marks (int8).
@@ -175,6 +181,13 @@ class FeatureCache(Feature):
     staging_rows : int
         Host rows for window read planning (0: off). Used when the source
         has ``read_along`` (the storage tier) and reads get ``future``.
+    engine : str
+        ``"compiled"`` (default): each batch is read by the compiled
+        engine (`hmgraph.cache.compiled`), in request order with the GIL
+        released, where it serves the layout (CPU stores, one layer of
+        the ``hmgraph`` or a static policy, or none); ``"torch"``: the
+        tensor code below, the reference it is tested against. The
+        attribute `engine` says which one reads.
 
     Notes
     -----
@@ -188,7 +201,11 @@ class FeatureCache(Feature):
     """
 
     def __init__(self, source: Feature, layers: Sequence[Layer],
-                 device="cpu", staging_rows: int = 0):
+                 device="cpu", staging_rows: int = 0,
+                 engine: str = "compiled"):
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; available: "
+                             f"{', '.join(ENGINES)}")
         self.source = source
         self.layers = list(layers)
         self.num_rows = source.num_rows
@@ -210,6 +227,12 @@ class FeatureCache(Feature):
             self._warm(layer)
         self._complete = self._pinning_stores()
         self.stats.metadata_bytes = self.metadata_nbytes()
+        #: ``"compiled"`` where the compiled engine serves this layout
+        #: (`hmgraph.cache.compiled.supports`), else ``"torch"``.
+        self.engine = "compiled" if engine == "compiled" and \
+            compiled.supports(self) else "torch"
+        self._compiled = compiled.CompiledRead(self) \
+            if self.engine == "compiled" else None
 
     @property
     def complete(self) -> bool:
@@ -233,6 +256,9 @@ class FeatureCache(Feature):
         """Rows of ``ids`` from a complete cache's stores, counted in
         ``stats``: one gather per store, straight into request order
         unless an id repeats (each row is then gathered once)."""
+        if self._compiled is not None:
+            with self._lock:
+                return self._compiled.gather_held(ids, stats)
         start = time.perf_counter()
         unique, inverse = unique_sorted(ids)
         repeats = inverse is not None and inverse.numel() > unique.numel()
@@ -281,7 +307,8 @@ class FeatureCache(Feature):
                                 else [])
         tables = {}  # by storage: the tiers of a layer share one slot_of
         for store in stores:
-            for table in (store.slot_of, store.id_of, store.free):
+            for table in (store.slot_of, store.id_of, store.free,
+                          store.seen):
                 storage = table.untyped_storage()
                 tables[storage.data_ptr() or id(table)] = storage.nbytes()
         host += sum(tables.values())
@@ -328,10 +355,18 @@ class FeatureCache(Feature):
         return self._read(check_ids(ids, self.num_rows), future)
 
     def _read(self, ids, future=()) -> torch.Tensor:
+        if self._complete is not None:
+            return self._gather_held(ids, self.stats)
         with self._lock:  # one read at a time: iterators may overlap
-            if self._complete is not None:
-                return self._gather_held(ids, self.stats)
-            return self._read_locked(ids, future)
+            if self._compiled is None:
+                return self._read_locked(ids, future)
+            out = self._compiled.read(ids, future)
+            if out is not None:
+                return out
+            # An id asked twice: each row read once, then repeated.
+            unique, inverse = np.unique(ids.numpy(), return_inverse=True)
+            out = self._compiled.read(torch.from_numpy(unique), future)
+            return out.index_select(0, torch.from_numpy(inverse))
 
     def _read_locked(self, ids, future) -> torch.Tensor:
         start = time.perf_counter()

@@ -36,7 +36,7 @@ from hmgraph.cache.coordinated import MARK_BYTES, FeatureCache, Layer
 from hmgraph.cache.feature import Feature
 from hmgraph.cache.policies import POLICIES, BeladyPolicy, make_policy
 from hmgraph.cache.reuse import TABLE_BYTES_PER_ROW, reuse_profile
-from hmgraph.cache.slots import SlotStore, SlotTable
+from hmgraph.cache.slots import SLOT_BYTES, SlotStore, SlotTable
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +64,14 @@ def store_metadata_bytes(num_rows: int, capacity: int) -> int:
     """Host bytes of one `SlotStore`'s tables; 0 when it has no slots.
 
     An id -> slot table per node (int32, int64 past 2**31 slots), a
-    slot -> id table and a stack of free slots per slot (int64 each).
+    slot -> id table and a stack of free slots per slot (int64 each), and
+    the compiled engine's read stamp (int32): `SLOT_BYTES` per slot.
     A store without slots is not built.
     """
     if capacity <= 0:
         return 0
     table = 4 if capacity < 2**31 else 8
-    return table * num_rows + 16 * capacity
+    return table * num_rows + SLOT_BYTES * capacity
 
 
 def _metadata_parts(policy, num_rows, device_rows, host_rows,
@@ -92,8 +93,8 @@ def _metadata_parts(policy, num_rows, device_rows, host_rows,
     # theirs (`SlotTable`).
     tables = [sum(stores)] if policy in SHARED_LAYER and stores else stores
     for capacity in tables + ([staging_rows] if staging_rows > 0 else []):
-        per_node += store_metadata_bytes(1, capacity) - 16 * capacity
-        slots += 16 * capacity
+        per_node += store_metadata_bytes(1, capacity) - SLOT_BYTES * capacity
+        slots += SLOT_BYTES * capacity
     if staging_rows > 0:
         per_node += MARK_BYTES
     return per_node, slots
@@ -614,7 +615,8 @@ def replay_hits(policy, trace: Sequence[torch.Tensor],
 def build_cache(source: Feature, plan: CachePlan, device="cpu", *,
                 counts: torch.Tensor | None = None,
                 degrees: torch.Tensor | None = None,
-                hop_counts: torch.Tensor | None = None) -> FeatureCache:
+                hop_counts: torch.Tensor | None = None,
+                engine: str = "compiled") -> FeatureCache:
     """A `FeatureCache` over ``source`` laid out as ``plan`` says.
 
     Parameters
@@ -629,6 +631,9 @@ def build_cache(source: Feature, plan: CachePlan, device="cpu", *,
     counts, degrees, hop_counts : torch.Tensor, optional
         Profiled accesses per row (``presample``, ``hmgraph``), in-degrees
         (``degree``), profiled accesses per hop and row (``layer-aware``).
+    engine : str
+        ``"compiled"`` (the compiled engine where it serves the layout)
+        or ``"torch"`` (the reference); see `FeatureCache`.
     """
     device = torch.device(device)
     n, shape, dtype = source.num_rows, source.row_shape, source.dtype
@@ -662,4 +667,4 @@ def build_cache(source: Feature, plan: CachePlan, device="cpu", *,
                                     **context), [store])
                   for store in stores]
     return FeatureCache(source, layers, device=device,
-                        staging_rows=plan.staging_rows)
+                        staging_rows=plan.staging_rows, engine=engine)

@@ -473,10 +473,17 @@ class HMGraphPolicy(Policy):
         return self._static_order
 
     def _keys(self, ids: torch.Tensor) -> torch.Tensor:
-        """Smaller is sooner: next use in the window, then hotness."""
+        """Smaller is sooner: next use in the window, then hotness.
+
+        ``(distance to the next use, or window + 1 beyond the window) *
+        num_rows + cold_rank``: a total order (``cold_rank`` is a
+        permutation), so which rows make the cut never depends on how a
+        selection breaks ties, and the compiled engine
+        (`hmgraph.cache.engine.choose_dynamic`) decides exactly alike.
+        """
         near = self.next_use[ids].long()
-        beyond = self.window + 1 + self.cold_rank[ids].long()
-        return torch.where(near == _NEVER_NEAR, beyond, near)
+        near = torch.where(near == _NEVER_NEAR, self.window + 1, near)
+        return near * self.num_rows + self.cold_rank[ids].long()
 
     def _step(self, ids, hit, future) -> Step:
         future = list(future)[: self.window]
@@ -492,16 +499,20 @@ class HMGraphPolicy(Policy):
         dynamic_capacity = self.capacity - self.static_rows
         miss = ids[~hit]
         held = self._held  # the dynamic region: no scan of the graph
-        if held.numel() + miss.numel() <= dynamic_capacity:
-            self._held = torch.cat([held, miss])
-            return Step(hit, _EMPTY, miss)
         candidates = torch.cat([held, miss])
         keys = self._keys(candidates)
-        keep = torch.zeros(candidates.numel(), dtype=torch.bool)
-        keep[torch.topk(keys, dynamic_capacity, largest=False).indices] = True
+        keep = torch.ones(candidates.numel(), dtype=torch.bool)
+        if candidates.numel() > dynamic_capacity:
+            keep[:] = False
+            keep[torch.topk(keys, dynamic_capacity, largest=False).indices] \
+                = True
         evict = held[~keep[: held.numel()]]
-        admit = miss[keep[held.numel():]]
-        self._held = candidates[keep]
+        # Admissions most valuable first: the first store (the device's)
+        # takes the rows needed soonest.
+        admitted = keep[held.numel():]
+        order = torch.argsort(keys[held.numel():][admitted], stable=True)
+        admit = miss[admitted][order]
+        self._held = torch.cat([held[keep[: held.numel()]], admit])
         return Step(hit, evict, admit)
 
 

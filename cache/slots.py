@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["SlotStore", "SlotTable"]
+__all__ = ["SLOT_BYTES", "SlotStore", "SlotTable"]
+
+#: Host bytes per slot of a store's tables besides the id -> slot table:
+#: slot -> id and the free stack (int64 each), the read stamp (int32).
+SLOT_BYTES = 8 + 8 + 4
 
 
 class SlotTable:
@@ -90,6 +94,9 @@ class SlotStore:
         # no other store), a lookup needs no range check.
         self._alone = self.offset == 0 and capacity == table.slots
         self.id_of = torch.full((capacity,), -1, dtype=torch.int64)
+        # The read that last found each slot: the compiled engine's check
+        # for ids asked twice in one request (`hmgraph.cache.engine`).
+        self.seen = torch.zeros(capacity, dtype=torch.int32)
         # Free slots as a stack: the top is free[num_free - 1].
         self.free = torch.arange(capacity - 1, -1, -1, dtype=torch.int64)
         self.num_free = capacity

@@ -54,9 +54,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from numpy.lib.stride_tricks import sliding_window_view
 
 from .disk import FALLBACK, DiskModel, disk_model, read_plan
+from .engine import byte_rows, scatter_rows
 from .feature import Feature, check_ids, torch_dtype
 from .format import PAGE_BYTES, read_manifest
 
@@ -378,29 +378,68 @@ class StorageFeature(Feature):
                     else where[:unique.numel()][inverse]]
         return mine, taken, rows[where[unique.numel():]]
 
+    @property
+    def geometry(self) -> tuple[int, int, int]:
+        """``(row_bytes, data_offset, block_bytes)``: where rows lie."""
+        return self._row_nbytes, self._data_offset, self.block_bytes
+
+    @property
+    def max_gap_blocks(self) -> int:
+        """Gaps of at most this many blocks are read through."""
+        return self._max_gap_blocks
+
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError(f"StorageFeature of {self.path} is closed")
 
     def _read(self, ids: torch.Tensor) -> torch.Tensor:
-        unique, inverse = torch.unique(ids, sorted=True, return_inverse=True)
-        rows = self._read_sorted(unique, len(ids))
-        if len(unique) != len(ids) or not bool((ids[1:] > ids[:-1]).all()):
+        # NumPy's sort: torch's sorts int64 ids some 10-25x slower on the
+        # CPU (160,000 ids: 4 against 68-97 ms).
+        order = np.argsort(ids.numpy(), kind="stable")
+        unique = ids.numpy()[order]
+        if len(unique) > 1 and bool((unique[1:] == unique[:-1]).any()):
+            unique, inverse = np.unique(ids.numpy(), return_inverse=True)
+            rows = self._read_sorted(torch.from_numpy(unique), len(ids))
             # index_select: on the CPU 2x faster than ``rows[inverse]``.
-            rows = rows.index_select(0, inverse)
+            return rows.index_select(0, torch.from_numpy(inverse))
+        # Unique ids (DGL's input nodes): each row read straight into its
+        # place in request order, with no second pass to reorder them.
+        rows = torch.empty((len(ids), *self.row_shape), dtype=self.dtype)
+        self.read_into(unique, (byte_rows(rows),),
+                       np.zeros(len(unique), dtype=np.int64), order)
         return rows
 
+    def read_into(self, unique: np.ndarray, targets: tuple,
+                  which: np.ndarray, where: np.ndarray) -> None:
+        """Read sorted unique rows straight into their places.
+
+        Row ``unique[i]`` goes to row ``where[i]`` of ``targets[which[i]]``
+        (``(rows, row_bytes)`` uint8 matrices, `hmgraph.cache.engine.
+        byte_rows` of CPU tensors): the compiled engine reads misses into
+        the batch's output and rows brought along into staging slots in
+        one plan, with no intermediate copy. Ids are not validated here.
+        """
+        self._check_open()
+        self._read_sorted(torch.from_numpy(unique), None,
+                          (targets, which, where))
+
     def _read_sorted(self, unique: torch.Tensor,
-                     requested: int | None = None) -> torch.Tensor:
-        """Rows of sorted unique ids: plan, read in tasks, gather."""
+                     requested: int | None = None,
+                     into: tuple | None = None) -> torch.Tensor | None:
+        """Rows of sorted unique ids: plan, read in tasks, gather (into
+        ``(targets, which, where)`` of `read_into`, if given)."""
         began = time.perf_counter()
-        rows = torch.empty((len(unique), *self.row_shape), dtype=self.dtype)
+        rows = None
+        if into is None:
+            rows = torch.empty((len(unique), *self.row_shape),
+                               dtype=self.dtype)
+            into = ((byte_rows(rows),), np.zeros(len(unique), np.int64),
+                    np.arange(len(unique)))
         blocks = nbytes = reads = 0
         if len(unique) and self._row_numel:
-            out = rows.numpy().reshape(len(unique), self._row_numel)
             tasks = self._plan(unique.numpy())
             try:
-                futures = [self._pool.submit(self._run_task, task, out)
+                futures = [self._pool.submit(self._run_task, task, into)
                            for task in tasks]
             except RuntimeError:  # the pool was shut down meanwhile
                 raise ValueError(
@@ -497,8 +536,9 @@ class StorageFeature(Feature):
             ))
         return tasks
 
-    def _run_task(self, task: _Task, out: np.ndarray) -> tuple[int, int, int]:
-        """Read a task's runs, copy its rows into ``out``.
+    def _run_task(self, task: _Task, into: tuple) -> tuple[int, int, int]:
+        """Read a task's runs, copy its rows into their places (``into``:
+        ``(targets, which, where)`` of `read_into`).
 
         Returns
         -------
@@ -519,11 +559,12 @@ class StorageFeature(Feature):
             )
             nbytes += run_bytes
             reads += run_reads
-        # Row i of the task starts at element row_elements[i] of the buffer:
-        # a sliding window view gathers whole rows without an index matrix.
-        elements = np.frombuffer(buffer, dtype=self._np_dtype)
-        windows = sliding_window_view(elements, self._row_numel)
-        out[task.row_start:task.row_stop] = windows[task.row_elements]
+        # Row i of the task starts at element row_elements[i] of the
+        # buffer; the compiled kernel copies each to its place, GIL free.
+        targets, which, where = into
+        scatter_rows(np.frombuffer(buffer, dtype=np.uint8),
+                     task.row_elements * self._np_dtype.itemsize,
+                     self._row_nbytes, targets, which, where, task.row_start)
         return sum(task.run_blocks), nbytes, reads
 
     def _buffer(self, nbytes: int) -> mmap.mmap:

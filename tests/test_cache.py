@@ -316,9 +316,9 @@ def test_hmgraph_plan_is_chosen_from_the_profile(rows):
     for ids in trace:
         counts[ids] += 1
     # hmgraph's bookkeeping: per node 10 B of policy state and the 4 B
-    # id -> slot table its two stores share; per row 8 B of held ids, 16 B
+    # id -> slot table its two stores share; per row 8 B of held ids, 20 B
     # of slot tables.
-    metadata = NUM_ROWS * (10 + 4) + (20 + 60) * (8 + 16)
+    metadata = NUM_ROWS * (10 + 4) + (20 + 60) * (8 + 20)
     plan = make_plan("hmgraph", NUM_ROWS, 28, 20 * 28, 60 * 28 + metadata,
                      counts=counts, trace=trace, window=2)
     assert len(plan.curve) > 2
@@ -512,15 +512,15 @@ def test_window_planning_reads_a_block_once_per_window(rows, feature_path):
 def test_staging_is_charged_to_the_host_budget():
     plan = make_plan("lru", 1000, 100, 0, 40_000, staging=0.25)
     # Staging gets a quarter of the budget: per node 1 B of window marks
-    # and its store's 4 B id -> slot table, per row 100 B and 16 B of
+    # and its store's 4 B id -> slot table, per row 100 B and 20 B of
     # slot tables. The host tier gets the rest: per node LRU's 9 B and
-    # its store's 4 B, per row 100 B, 16 B of slot tables, 16 B of LRU
+    # its store's 4 B, per row 100 B, 20 B of slot tables, 16 B of LRU
     # groups.
-    staging_rows = (10_000 - 1000 * (1 + 4)) // (100 + 16)
-    spent = 1000 * (1 + 4) + staging_rows * (100 + 16)
-    host_rows = (40_000 - spent - 1000 * (9 + 4)) // (100 + 16 + 16)
+    staging_rows = (10_000 - 1000 * (1 + 4)) // (100 + 20)
+    spent = 1000 * (1 + 4) + staging_rows * (100 + 20)
+    host_rows = (40_000 - spent - 1000 * (9 + 4)) // (100 + 20 + 16)
     assert (plan.host_rows, plan.staging_rows) == (host_rows, staging_rows)
-    assert (host_rows, staging_rows) == (128, 43)
+    assert (host_rows, staging_rows) == (125, 41)
     assert plan.as_dict()["staging_bytes"] == staging_rows * 100
     with pytest.raises(ValueError, match=r"staging must be .* got 1.0"):
         make_plan("lru", 1000, 100, 0, 40_000, staging=1.0)
@@ -574,7 +574,7 @@ def test_a_cache_that_pins_every_row_reads_without_its_policy(
 
 #: Per policy: host bytes per node (policy state, then a 4 B id -> slot
 #: table per store, one for both stores of a shared layer) and per cached
-#: row (policy state, then 16 B of slot tables), as the classes allocate
+#: row (policy state, then 20 B of slot tables), as the classes allocate
 #: them, written out independently.
 METADATA = {
     # (policy bytes per node, per row; layers: one over both stores or
@@ -598,7 +598,7 @@ def test_metadata_is_counted_against_the_host_budget(rows, feature_path,
     row_bytes, device_rows, budget = 28, 20, 20_000
     stores = 2  # device and host: a policy and a table each, or shared
     per_node = (node + 4) * (1 if layers == "one" else stores)
-    per_row = slot + 16
+    per_row = slot + 20
     trace = profile_trace()
     counts = torch.zeros(NUM_ROWS, dtype=torch.int64)
     for ids in trace:
@@ -641,7 +641,7 @@ def test_host_budget_below_the_metadata_is_refused_in_one_line():
     counts = torch.zeros(num_rows)
     # hmgraph with a host tier only: 10 B of policy state and the host
     # store's 4 B table per node; the least budget adds one row and its
-    # 8 + 16 B of slot bookkeeping.
+    # 8 + 20 B of slot bookkeeping.
     with pytest.raises(ValueError) as info:
         make_plan("hmgraph", num_rows, 400, 0, 1_000_000, counts=counts)
     message = str(info.value)
@@ -649,7 +649,7 @@ def test_host_budget_below_the_metadata_is_refused_in_one_line():
     assert message == (
         "host budget 1.0 MB cannot hold the cache's metadata of 1.40 MB "
         "(14 B per node x 100,000 nodes); give at least 1.41 MB")
-    least = 14 * num_rows + 8 + 16 + 400
+    least = 14 * num_rows + 8 + 20 + 400
     assert least <= parse_budget("1.41MB")
     plan = make_plan("hmgraph", num_rows, 400, 0, least, counts=counts)
     assert plan.host_rows == 1
@@ -657,18 +657,18 @@ def test_host_budget_below_the_metadata_is_refused_in_one_line():
     with pytest.raises(ValueError, match="host budget"):
         make_plan("hmgraph", num_rows, 400, 0, least - 1, counts=counts)
     # LRU over both tiers: two layers of 9 + 4 B per node; the device
-    # rows' slot bookkeeping (16 + 16 B) lives in host memory too.
+    # rows' slot bookkeeping (20 + 16 B) lives in host memory too.
     with pytest.raises(ValueError, match=(
             r"^host budget 1\.0 MB cannot hold the cache's metadata of "
-            r"2\.68 MB \(26 B per node x 100,000 nodes \+ 80\.0 KB for "
-            r"2,500 device rows\); give at least 2\.69 MB$")):
+            r"2\.69 MB \(26 B per node x 100,000 nodes \+ 90\.0 KB for "
+            r"2,500 device rows\); give at least 2\.70 MB$")):
         make_plan("lru", num_rows, 400, 2500 * 400, 1_000_000)
 
 
 def test_metadata_without_a_host_budget_is_reported_unbudgeted():
     plan = make_plan("clock", 1000, 100, 50 * 100, 0)
     assert (plan.device_rows, plan.host_rows) == (50, 0)
-    metadata = 1000 * (9 + 4) + 50 * (9 + 16)
+    metadata = 1000 * (9 + 4) + 50 * (9 + 20)
     assert plan.as_dict()["metadata_bytes"]["host"] == metadata
     assert plan.as_dict()["metadata_unbudgeted_bytes"] == metadata
     assert "not charged" in plan.describe()
@@ -677,7 +677,7 @@ def test_metadata_without_a_host_budget_is_reported_unbudgeted():
     plan = make_plan("lru", 1000, 100, 50 * 100, 3000)
     assert plan.host_rows == 0
     assert plan.as_dict()["metadata_unbudgeted_bytes"] == \
-        1000 * (9 + 4) + 50 * (16 + 16)
+        1000 * (9 + 4) + 50 * (16 + 20)
     none = make_plan("none", 1000, 100, 10**6, 10**6)
     assert none.as_dict()["metadata_bytes"] == {"device": 0, "host": 0}
 

@@ -1,0 +1,281 @@
+"""A `FeatureCache` read through the compiled engine (`engine.py`).
+
+`CompiledRead` takes the same decisions as `FeatureCache`'s reference read
+(``engine="torch"``) and returns the same rows and counters, with each
+pass one compiled loop over the batch in request order:
+
+1. find every id's store and slot (the layer's table, then staging's) and
+   copy the rows held straight into the output;
+2. sort the misses (file order), mark the window, drop staged rows no
+   longer needed, choose the window's rows that lie on the blocks read
+   anyway;
+3. read misses into their places in the output, and rows brought along
+   into their staging slots, in one plan of the storage tier;
+4. the policy's step on the batch (the hmgraph policy's dynamic region;
+   static policies hold still), evictions then admissions applied.
+
+It serves caches on the CPU with at most one layer whose stores share one
+id -> slot table (``hmgraph`` and the static policies, or no layer); the
+others (``lru``, ``clock``, stores on a GPU) read through the reference.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from hmgraph.cache import engine
+from hmgraph.cache.disk import read_plan
+from hmgraph.cache.policies import HMGraphPolicy, _StaticPolicy
+
+__all__ = ["CompiledRead", "supports"]
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+_TICK_WRAP = 2**31 - 2
+
+
+def supports(cache) -> bool:
+    """Whether ``cache`` (a `FeatureCache`) can read through the engine."""
+    if cache.device.type != "cpu" or len(cache.layers) > 1:
+        return False
+    if cache.layers:
+        layer = cache.layers[0]
+        policy = layer.policy
+        if not isinstance(policy, _StaticPolicy) and \
+                type(policy) is not HMGraphPolicy:
+            return False
+        tables = {store.slot_of.data_ptr() for store in layer.stores}
+        if len(tables) != 1 or any(s.device.type != "cpu"
+                                   for s in layer.stores):
+            return False
+    if cache.staging is not None and not hasattr(cache.source, "read_into"):
+        return False
+    return True
+
+
+def _future(future) -> tuple[np.ndarray, np.ndarray]:
+    """The window's ids back to back, and each batch's bounds."""
+    parts = [f.numpy() for f in future]
+    bounds = np.zeros(len(parts) + 1, dtype=np.int64)
+    bounds[1:] = np.cumsum([len(p) for p in parts])
+    ids = np.concatenate(parts) if parts else _EMPTY
+    return ids.astype(np.int64, copy=False), bounds
+
+
+class CompiledRead:
+    """The compiled engine's view of one `FeatureCache` (see module)."""
+
+    def __init__(self, cache):
+        self.cache = cache
+        layer = cache.layers[0] if cache.layers else None
+        self.policy = layer.policy if layer is not None else None
+        self.stores = list(layer.stores) if layer is not None else []
+        stores = self.stores
+        self.table = stores[0].slot_of.numpy() if stores else \
+            np.zeros(0, dtype=np.int32)
+        self.low = np.array([s.offset for s in stores], dtype=np.int64)
+        self.high = self.low + np.array([s.capacity for s in stores],
+                                        dtype=np.int64)
+        self.buffers = tuple(engine.byte_rows(s.buffer) for s in stores)
+        self.id_of = tuple(s.id_of.numpy() for s in stores)
+        self.free = tuple(s.free.numpy() for s in stores)
+        staging = cache.staging
+        seen = [s.seen.numpy() for s in stores]
+        everything = list(self.buffers)
+        if staging is not None:
+            seen.append(staging.seen.numpy())
+            everything.append(engine.byte_rows(staging.buffer))
+        self.seen = tuple(seen)
+        self.all_buffers = tuple(everything)
+        self.resident = self.policy.resident.numpy() \
+            if self.policy is not None and self.policy.resident.numel() \
+            else np.zeros(1, dtype=np.bool_)
+        self.layered = self.policy is not None and \
+            self.policy.resident.numel() > 0
+        self.marked = _EMPTY
+        self.tick = 0
+
+    def _stamp(self) -> int:
+        self.tick += 1
+        if self.tick >= _TICK_WRAP:
+            for seen in self.seen:
+                seen.fill(0)
+            self.tick = 1
+        return self.tick
+
+    def _find(self, ids: np.ndarray):
+        """Store (-1: none; staging after the layer's stores) and slot of
+        every id, and the repeats per store."""
+        store = np.full(len(ids), -1, dtype=np.int8)
+        slot = np.empty(len(ids), dtype=np.int64)
+        if self.stores:
+            engine.lookup(ids, self.table, self.low, self.high, 0, store,
+                          slot)
+        staging = self.cache.staging
+        if staging is not None:
+            engine.lookup(ids, staging.slot_of.numpy(),
+                          np.zeros(1, np.int64),
+                          np.array([staging.capacity], np.int64),
+                          len(self.stores), store, slot)
+        repeats = engine.count_repeats(store, slot, self.seen, self._stamp()) \
+            if self.seen else 0
+        return store, slot, repeats
+
+    def gather_held(self, ids: torch.Tensor, stats) -> torch.Tensor:
+        """`FeatureCache._gather_held`: a complete cache's rows, in request
+        order, repeats gathered twice but counted once."""
+        cache = self.cache
+        start = time.perf_counter()
+        ids_np = ids.numpy()
+        store, slot, _ = self._find(ids_np)
+        out = torch.empty((len(ids_np), *cache.row_shape), dtype=cache.dtype)
+        counts = engine.gather(store, slot, self.all_buffers,
+                               engine.byte_rows(out))
+        asked = len(ids_np)
+        if len(ids_np) > 1:
+            unique, first = np.unique(ids_np, return_index=True)
+            if len(unique) < asked:  # count each row once
+                asked = len(unique)
+                counts = np.bincount(store[first], minlength=len(counts))
+        for store_, rows in zip(self.stores, counts, strict=False):
+            cache._count_hits(store_.name, int(rows), stats)
+        cache._count_hits("source", 0, stats)
+        stats.bytes["storage->host"] = stats.bytes.get("storage->host", 0)
+        stats.requests += 1
+        stats.rows_requested += asked
+        stats.seconds += time.perf_counter() - start
+        return out
+
+    def read(self, ids: torch.Tensor, future) -> torch.Tensor | None:
+        """Rows of unique ``ids`` through the cache; None when an id
+        repeats (the caller then reads the unique ids)."""
+        cache = self.cache
+        start = time.perf_counter()
+        ids_np = ids.numpy()
+        count = len(ids_np)
+        # (1) Where each id is held, and the rows held.
+        store, slot, repeats = self._find(ids_np)
+        if repeats:
+            return None
+        missing = np.flatnonzero(store < 0)
+        order = np.argsort(ids_np[missing], kind="stable")
+        missing = missing[order]
+        missed = ids_np[missing]
+        if len(missed) > 1 and bool((missed[1:] == missed[:-1]).any()):
+            return None
+        out = torch.empty((count, *cache.row_shape), dtype=cache.dtype)
+        out_rows = engine.byte_rows(out)
+        found = engine.gather(store, slot, self.all_buffers, out_rows) \
+            if self.all_buffers else np.zeros(0, dtype=np.int64)
+        # (2) The window: marks, staged rows let go, rows brought along.
+        ahead, bounds = _future(future)
+        taken = _EMPTY
+        staging = cache.staging
+        if staging is not None:
+            engine.mark_window(cache._marks.numpy(), self.marked, ahead,
+                               bounds)
+            self.marked = ahead
+            if staging.size:
+                freed, staging.num_free = engine.unstage(
+                    staging.id_of.numpy(), staging.slot_of.numpy(),
+                    staging.free.numpy(), staging.num_free,
+                    cache._marks.numpy(), self.resident, self.layered)
+                _add(cache.stats.evicted, "staged", freed)
+            if len(missed) and len(future) and staging.num_free:
+                taken = self._along(missed, ahead, bounds, staging.num_free)
+        # (3) Misses into the output, rows brought along into staging.
+        if len(missed):
+            self._read_source(missed, missing, out, out_rows, taken)
+        # (4) The policy decides; evictions, then admissions.
+        if self.policy is not None:
+            self._step(ids_np, store, ahead, bounds, out_rows)
+        for number, store_ in enumerate(self.stores):
+            if found[number]:
+                cache._count_hits(store_.name, int(found[number]))
+        if staging is not None and found[-1]:
+            cache._count_hits("staged", int(found[-1]))
+        cache._count_hits("source", len(missed))
+        _add(cache.stats.bytes, "storage->host",
+             cache.row_bytes * len(missed))
+        cache.stats.requests += 1
+        cache.stats.rows_requested += count
+        cache.stats.seconds += time.perf_counter() - start
+        return out
+
+    def _along(self, missed, ahead, bounds, limit) -> np.ndarray:
+        """Window rows on the blocks the misses' reads cover."""
+        source = self.cache.source
+        row_bytes, offset, block = source.geometry
+        plan = read_plan(missed, row_bytes, offset, block,
+                         source.max_gap_blocks)
+        return engine.select_along(
+            ahead, bounds, self.cache._marks.numpy(), self.resident,
+            self.layered, self.cache.staging.slot_of.numpy(), missed,
+            plan.run_first, plan.run_last, row_bytes, offset, block, limit,
+            self.cache.num_rows)
+
+    def _read_source(self, missed, missing, out, out_rows, taken) -> None:
+        cache = self.cache
+        if not len(taken):
+            if hasattr(cache.source, "read_into"):
+                cache.source.read_into(
+                    missed, (out_rows,), np.zeros(len(missed), np.int64),
+                    missing)
+            else:
+                rows = cache.source.read(torch.from_numpy(missed))
+                out[torch.from_numpy(missing)] = rows.to(out.device)
+            return
+        # Rows brought along go straight into the staging slots that
+        # `SlotStore.insert` would give them (the top of the free stack).
+        staging = cache.staging
+        slots = staging.free[staging.num_free - len(taken):
+                             staging.num_free].numpy().copy()
+        union = np.concatenate([missed, taken])
+        order = np.argsort(union, kind="stable")
+        which = np.concatenate([np.zeros(len(missed), np.int64),
+                                np.ones(len(taken), np.int64)])[order]
+        where = np.concatenate([missing, slots])[order]
+        cache.source.read_into(
+            union[order], (out_rows, engine.byte_rows(staging.buffer)),
+            which, where)
+        staging.num_free -= len(taken)
+        staging.slot_of[torch.from_numpy(taken)] = torch.from_numpy(
+            slots + staging.offset).to(staging.slot_of.dtype)
+        staging.id_of[torch.from_numpy(slots)] = torch.from_numpy(taken)
+        _add(cache.stats.admitted, "staged", len(taken))
+        _add(cache.stats.bytes, "storage->host", cache.row_bytes * len(taken))
+
+    def _step(self, ids, store, ahead, bounds, out_rows) -> None:
+        """The layer's policy on this batch, applied to the stores."""
+        cache, policy = self.cache, self.policy
+        names = [s.name for s in self.stores]
+        if type(policy) is not HMGraphPolicy:  # static: nothing moves
+            for name in names:
+                _add(cache.stats.evicted, name, 0)
+            return
+        hit = (store >= 0) & (store < len(self.stores))
+        evict, admit, held = engine.choose_dynamic(
+            ids, hit, policy._held.numpy(), ahead, bounds, policy.window,
+            policy.next_use.numpy(), policy.cold_rank.numpy(),
+            np.iinfo(np.int32).max, policy.capacity - policy.static_rows,
+            policy.num_rows)
+        num_free = np.array([s.num_free for s in self.stores], np.int64)
+        freed = engine.evict_ids(evict, self.table, self.low, self.high,
+                                 self.id_of, self.free, num_free,
+                                 self.resident)
+        inserted = engine.insert_rows(
+            ids, admit, out_rows, self.table, self.low, self.id_of,
+            self.free, num_free, self.buffers, self.resident)
+        for number, store_ in enumerate(self.stores):
+            store_.num_free = int(num_free[number])
+            _add(cache.stats.evicted, store_.name, int(freed[number]))
+            if inserted[number]:
+                _add(cache.stats.admitted, store_.name, int(inserted[number]))
+        policy._held = torch.from_numpy(held)
+        policy._size += len(admit) - len(evict)
+
+
+def _add(counter: dict, key: str, value: int) -> None:
+    counter[key] = counter.get(key, 0) + int(value)

@@ -1,0 +1,300 @@
+"""The compiled per-batch engine: the cache's hot path in numba, GIL free.
+
+A batch's read is a handful of passes over its rows: find each id's slot,
+copy the rows held into the output, collect the misses in file order,
+let the policy decide, move rows into and out of the stores. The
+reference implementation (`hmgraph.cache.coordinated`, ``engine="torch"``)
+does each pass as tensor operations; here each is one loop compiled with
+numba (``nogil=True``: sampling and training go on in other threads
+meanwhile), in request order, with no sort of the request, no reordering
+copy and nothing per node of the graph.
+
+Every kernel works on rows as bytes (``uint8`` matrices of ``row_bytes``
+columns, `byte_rows`), so one compiled kernel serves every dtype. The
+kernels are compiled on first use and cached beside this file
+(``cache=True``), so a process pays the compilation once per machine.
+
+`tests/test_engine.py` runs the compiled engine and the reference on the
+same recorded traces and requires the same rows, counters and policy
+decisions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numba import njit
+
+__all__ = ["byte_rows", "choose_dynamic", "count_repeats", "evict_ids",
+           "gather", "insert_rows", "lookup", "mark_window",
+           "scatter_rows", "select_along", "unstage"]
+
+_NOGIL = {"nogil": True, "cache": True}
+
+
+def byte_rows(rows: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's rows as a ``(rows, row_bytes)`` uint8 NumPy view."""
+    count = rows.shape[0]
+    flat = rows.reshape(count, -1) if count else rows.reshape(0, max(
+        1, int(np.prod(rows.shape[1:], dtype=np.int64))))
+    return flat.view(torch.uint8).numpy()
+
+
+@njit(**_NOGIL)
+def lookup(ids, slot_of, low, high, base, store, slot):
+    """Which store holds each id, and in which of its slots.
+
+    For every ``i`` where ``store[i] < 0``: if ``slot_of[ids[i]]`` falls in
+    ``[low[j], high[j])``, set ``store[i] = base + j`` and ``slot[i]`` to
+    the slot within store ``j``. Ids already found are left alone, so
+    tables are probed one after another (a layer's, then staging's).
+    """
+    for i in range(ids.shape[0]):
+        if store[i] >= 0:
+            continue
+        number = slot_of[ids[i]]
+        if number < 0:
+            continue
+        for j in range(low.shape[0]):
+            if low[j] <= number < high[j]:
+                store[i] = base + j
+                slot[i] = number - low[j]
+                break
+
+
+@njit(**_NOGIL)
+def count_repeats(store, slot, seen, tick):
+    """Ids found twice in one request: each store's slot is stamped with
+    ``tick`` when first read (``seen``: an int32 per slot, per store)."""
+    repeats = 0
+    for i in range(store.shape[0]):
+        j = store[i]
+        if j < 0:
+            continue
+        if seen[j][slot[i]] == tick:
+            repeats += 1
+        else:
+            seen[j][slot[i]] = tick
+    return repeats
+
+
+@njit(**_NOGIL)
+def gather(store, slot, buffers, out):
+    """``out[i] = buffers[store[i]][slot[i]]`` wherever ``store[i] >= 0``;
+    counts per store returned."""
+    counts = np.zeros(len(buffers), dtype=np.int64)
+    for i in range(store.shape[0]):
+        j = store[i]
+        if j >= 0:
+            out[i, :] = buffers[j][slot[i], :]
+            counts[j] += 1
+    return counts
+
+
+@njit(**_NOGIL)
+def scatter_rows(buffer, offsets, row_bytes, targets, which, where, first):
+    """Rows cut out of a read buffer into their places: row ``first + k``
+    starts at byte ``offsets[k]`` of ``buffer`` and goes to row
+    ``where[first + k]`` of ``targets[which[first + k]]``."""
+    for k in range(offsets.shape[0]):
+        i = first + k
+        start = offsets[k]
+        targets[which[i]][where[i], :] = buffer[start:start + row_bytes]
+
+
+@njit(**_NOGIL)
+def mark_window(marks, marked, future, bounds):
+    """Window read planning's marks: clear the last window's, then give
+    every id of batch ``d`` ahead (``future[bounds[d-1]:bounds[d]]``)
+    the distance to its nearest use (capped at 127)."""
+    for k in range(marked.shape[0]):
+        marks[marked[k]] = 0
+    for d in range(bounds.shape[0] - 1, 0, -1):
+        for k in range(bounds[d - 1], bounds[d]):
+            marks[future[k]] = min(d, 127)
+
+
+@njit(**_NOGIL)
+def unstage(id_of, slot_of, free, num_free, marks, resident, layered):
+    """Free the staged rows the window no longer needs or the cache layer
+    holds (``resident``, where ``layered``); returns (rows freed, the new
+    free count)."""
+    freed = 0
+    for s in range(id_of.shape[0]):
+        node = id_of[s]
+        if node < 0:
+            continue
+        if marks[node] > 0 and not (layered and resident[node]):
+            continue
+        free[num_free] = s
+        num_free += 1
+        slot_of[node] = -1
+        id_of[s] = -1
+        freed += 1
+    return freed, num_free
+
+
+@njit(**_NOGIL)
+def select_along(future, bounds, marks, resident, layered, staged_slot_of,
+                 missed, run_first, run_last, row_bytes, data_offset,
+                 block_bytes, limit, num_rows):
+    """Window rows worth bringing along with this batch's reads.
+
+    A candidate is needed in the window (first counted at its nearest
+    batch), neither held by the layer nor staged nor missed now, and
+    lies on the block runs planned for the misses (``run_first``,
+    ``run_last``; ``missed`` sorted). At most ``limit`` are taken, the
+    soonest needed first (ties: the smaller id). Returns them sorted.
+    """
+    count = 0
+    chosen = np.empty(bounds[-1], dtype=np.int64)
+    for d in range(1, bounds.shape[0]):
+        for k in range(bounds[d - 1], bounds[d]):
+            node = future[k]
+            if marks[node] != min(d, 127) or (layered and resident[node]) \
+                    or staged_slot_of[node] >= 0:
+                continue
+            at = np.searchsorted(missed, node)
+            if at < missed.shape[0] and missed[at] == node:
+                continue
+            start = data_offset + node * row_bytes
+            low = start // block_bytes
+            high = (start + row_bytes - 1) // block_bytes
+            run = np.searchsorted(run_first, low, side="right") - 1
+            if run < 0 or high > run_last[run]:
+                continue
+            chosen[count] = node
+            count += 1
+    chosen = chosen[:count]
+    if count > limit:
+        keys = np.empty(count, dtype=np.int64)
+        for k in range(count):
+            keys[k] = np.int64(marks[chosen[k]]) * num_rows + chosen[k]
+        keys = np.sort(keys)[:limit]
+        chosen = keys % num_rows
+    return np.sort(chosen)
+
+
+@njit(**_NOGIL)
+def choose_dynamic(ids, hit, held, future, bounds, window, next_use,
+                   cold_rank, never, capacity, num_rows):
+    """The hmgraph policy's step on its dynamic region (`HMGraphPolicy`).
+
+    Among the rows held and this batch's misses, keep the ``capacity``
+    of smallest key: ``(distance to the next use in the window, or
+    window + 1 beyond it) * num_rows + cold_rank``, a total order, so the
+    choice is unique. Returns ``(evict ids, admit positions in ids,
+    the held ids after the step)``; admissions come most valuable first.
+    """
+    steps = min(bounds.shape[0] - 1, window)
+    for d in range(steps, 0, -1):
+        for k in range(bounds[d - 1], bounds[d]):
+            next_use[future[k]] = d
+    misses = 0
+    for i in range(ids.shape[0]):
+        if not hit[i]:
+            misses += 1
+    where = np.empty(misses, dtype=np.int64)
+    m = 0
+    for i in range(ids.shape[0]):
+        if not hit[i]:
+            where[m] = i
+            m += 1
+    total = held.shape[0] + misses
+    keys = np.empty(total, dtype=np.int64)
+    for k in range(total):
+        node = held[k] if k < held.shape[0] else ids[where[k - held.shape[0]]]
+        near = next_use[node]
+        rank = window + 1 if near == never else near
+        keys[k] = np.int64(rank) * num_rows + cold_rank[node]
+    for d in range(1, steps + 1):
+        for k in range(bounds[d - 1], bounds[d]):
+            next_use[future[k]] = never
+    if total <= capacity:
+        threshold = np.iinfo(np.int64).max
+    elif capacity == 0:
+        threshold = -1
+    else:
+        threshold = np.partition(keys, capacity - 1)[capacity - 1]
+    evicted = 0
+    for k in range(held.shape[0]):
+        if keys[k] > threshold:
+            evicted += 1
+    evict = np.empty(evicted, dtype=np.int64)
+    kept = np.empty(total - evicted, dtype=np.int64)
+    e = h = 0
+    for k in range(held.shape[0]):
+        if keys[k] > threshold:
+            evict[e] = held[k]
+            e += 1
+        else:
+            kept[h] = held[k]
+            h += 1
+    admitted = 0
+    for k in range(held.shape[0], total):
+        if keys[k] <= threshold:
+            admitted += 1
+    admit_keys = np.empty(admitted, dtype=np.int64)
+    admit = np.empty(admitted, dtype=np.int64)
+    a = 0
+    for k in range(held.shape[0], total):
+        if keys[k] <= threshold:
+            admit_keys[a] = keys[k]
+            admit[a] = where[k - held.shape[0]]
+            a += 1
+    order = np.argsort(admit_keys)
+    admit = admit[order]
+    for k in range(admitted):
+        kept[h + k] = ids[admit[k]]
+    return evict, admit, kept[:h + admitted]
+
+
+@njit(**_NOGIL)
+def evict_ids(ids, slot_of, low, high, id_of, free, num_free, resident):
+    """Free the slots of ``ids`` (held by stores ``j`` of the table:
+    ``[low[j], high[j])``); per store, the rows freed and new free counts
+    are returned (``num_free`` is updated in place)."""
+    freed = np.zeros(low.shape[0], dtype=np.int64)
+    for k in range(ids.shape[0]):
+        node = ids[k]
+        number = slot_of[node]
+        resident[node] = False
+        if number < 0:
+            continue
+        for j in range(low.shape[0]):
+            if low[j] <= number < high[j]:
+                local = number - low[j]
+                free[j][num_free[j]] = local
+                num_free[j] += 1
+                id_of[j][local] = -1
+                freed[j] += 1
+                break
+        slot_of[node] = -1
+    return freed
+
+
+@njit(**_NOGIL)
+def insert_rows(ids, positions, source, slot_of, low, id_of, free, num_free,
+                buffers, resident):
+    """Put rows ``source[positions[k]]`` of ``ids[positions[k]]`` into the
+    stores, filling each store's free slots in order (the first store
+    first), as `SlotStore.insert` takes the top of the free stack.
+    Returns the rows inserted per store."""
+    inserted = np.zeros(low.shape[0], dtype=np.int64)
+    k = 0
+    total = positions.shape[0]
+    for j in range(low.shape[0]):
+        take = min(num_free[j], total - k)
+        top = num_free[j] - take
+        for t in range(take):
+            position = positions[k + t]
+            node = ids[position]
+            local = free[j][top + t]
+            buffers[j][local, :] = source[position, :]
+            slot_of[node] = low[j] + local
+            id_of[j][local] = node
+            resident[node] = True
+        num_free[j] = top
+        inserted[j] = take
+        k += take
+    return inserted

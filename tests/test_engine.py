@@ -1,0 +1,146 @@
+"""The compiled engine against the reference, on the same traces.
+
+Two caches are built from one plan, one reading through the compiled
+engine (`hmgraph.cache.engine`), one through the tensor code it replaces
+(``engine="torch"``), and both read the same recorded batches with the
+same lookahead: rows, counters, storage counters and every policy
+decision (what each store holds, the policy's state) must be identical
+after every batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_cache import (
+    BUDGETS,
+    NUM_ROWS,
+    make_cache,
+    make_source,
+    reference_rows,
+    staging_of,
+)
+
+from hmgraph.cache.format import write_feature_file
+
+#: The policies the compiled engine serves; the others read through the
+#: reference whatever the engine asked.
+COMPILED = ["hmgraph", "presample", "degree", "layer-aware", "none"]
+SOURCES = ["memory", "storage", "storage-staged"]
+WINDOW = 3
+
+
+@pytest.fixture(scope="module")
+def rows() -> np.ndarray:
+    return reference_rows()
+
+
+@pytest.fixture(scope="module")
+def feature_path(tmp_path_factory, rows):
+    path = tmp_path_factory.mktemp("engine") / "feat.bin"
+    write_feature_file(path, rows)
+    return path
+
+
+def pair(policy, budget, kind, rows, feature_path):
+    caches = []
+    for engine in ("compiled", "torch"):
+        source = make_source(kind, rows, feature_path)
+        cache = make_cache(policy, budget, source, staging_of(kind))
+        if engine == "torch":
+            cache._compiled, cache.engine = None, "torch"
+        caches.append(cache)
+    return caches
+
+
+def state(cache) -> dict:
+    """Everything a decision changes: store contents, policy state."""
+    record = {"stats": {k: v for k, v in cache.stats.as_dict().items()
+                        if k != "seconds"}}
+    for store in cache.stores + ([cache.staging] if cache.staging else []):
+        held = store.id_of[store.id_of >= 0]
+        record[store.name] = sorted(held.tolist())
+        slots = store.slots(held)
+        record[store.name + "-rows"] = store.gather(slots).numpy().tobytes() \
+            if held.numel() else b""
+    for layer in cache.layers:
+        policy = layer.policy
+        record["resident"] = policy.resident.nonzero().flatten().tolist()
+        record["size"] = policy.size
+        if hasattr(policy, "_held"):
+            record["held"] = sorted(policy._held.tolist())
+    storage = getattr(cache.source, "stats", None)
+    if storage is not None:
+        record["storage"] = {k: v for k, v in storage.as_dict().items()
+                             if "seconds" not in k}
+    return record
+
+
+def run_trace(caches, batches, rows):
+    """Read ``batches`` (lists of ids) through both caches, comparing."""
+    uniques = [torch.from_numpy(np.unique(np.asarray(b, dtype=np.int64)))
+               for b in batches]
+    for index, batch in enumerate(batches):
+        ids = torch.tensor(batch, dtype=torch.int64)
+        future = uniques[index + 1:index + 1 + WINDOW]
+        got = [cache.read(ids, future) for cache in caches]
+        expected = rows[np.asarray(batch, dtype=np.int64)]
+        for out in got:
+            assert out.numpy().tobytes() == expected.tobytes()
+        compiled, reference = (state(cache) for cache in caches)
+        assert compiled == reference, f"batch {index} decided otherwise"
+
+
+def recorded_trace(seed: int, batches: int = 12) -> list[list[int]]:
+    """Batches like DGL's input nodes: unique, in no order, skewed."""
+    generator = torch.Generator().manual_seed(seed)
+    weights = 1.0 / torch.arange(1, NUM_ROWS + 1).double() ** 0.7
+    trace = []
+    for _ in range(batches):
+        ids = torch.multinomial(weights, 150, generator=generator)
+        trace.append(ids.tolist())
+    return trace
+
+
+@pytest.mark.parametrize("kind", SOURCES)
+@pytest.mark.parametrize("budget", BUDGETS.values(), ids=BUDGETS.keys())
+@pytest.mark.parametrize("policy", COMPILED)
+def test_compiled_engine_decides_as_the_reference(policy, budget, kind,
+                                                  rows, feature_path):
+    caches = pair(policy, budget, kind, rows, feature_path)
+    try:
+        assert caches[0].engine == "compiled"
+        run_trace(caches, recorded_trace(seed=7), rows)
+    finally:
+        for cache in caches:
+            cache.close()
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(policy=st.sampled_from(["hmgraph", "presample"]),
+       budget=st.sampled_from(list(BUDGETS.values())),
+       kind=st.sampled_from(SOURCES),
+       batches=st.lists(st.lists(st.integers(0, NUM_ROWS - 1),
+                                 max_size=150),
+                        min_size=1, max_size=8))
+def test_compiled_engine_equals_the_reference_on_any_batches(
+        policy, budget, kind, batches, rows, feature_path):
+    """Any ids, repeats and empty batches included."""
+    caches = pair(policy, budget, kind, rows, feature_path)
+    try:
+        run_trace(caches, batches, rows)
+    finally:
+        for cache in caches:
+            cache.close()
+
+
+def test_layouts_the_engine_does_not_serve_read_through_the_reference(
+        rows, feature_path):
+    source = make_source("memory", rows, feature_path)
+    cache = make_cache("lru", (20, 60), source)
+    assert cache.engine == "torch"
+    assert cache._compiled is None

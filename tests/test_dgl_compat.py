@@ -288,7 +288,8 @@ def test_use_ddp_splits_seeds_across_ranks_as_dgl(tmp_path, drop_last):
     world = 2
     mp.spawn(_ddp_rank, args=(world, tmp_path / "store", drop_last,
                               str(tmp_path)), nprocs=world)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True)
+             for r in range(world)]
     for result in ranks:  # each rank: DGL's batches, reshuffled per epoch
         for ours, theirs in zip(result["hmgraph"], result["dgl"],
                                 strict=True):

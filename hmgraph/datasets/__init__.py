@@ -38,6 +38,7 @@ from hmgraph.datasets.ogb_stream import (
     read_raw_graph,
     stream_features,
 )
+from hmgraph.datasets.pickles import ogb_split
 from hmgraph.datasets.planetoid import PLANETOID, find_planetoid
 from hmgraph.datasets.sources import source_digest, source_files
 from hmgraph.datasets.synthetic import SPECS, make_synthetic, meta_dict
@@ -107,6 +108,9 @@ def load(
     DatasetError
         Unknown name, missing root, missing data, empty split, a feature
         file that does not fit the graph.
+    hmgraph.datasets.pickles.UnsafePickleError
+        A pickled dataset file (a split, a Planetoid file) names anything
+        its format never holds; nothing in it is run.
     """
     root = Path(root)
     if name not in known_datasets():
@@ -283,7 +287,7 @@ def _from_ogb(name, ds, folder, synthetic, evaluator_cls):
     labels = as_labels(raw_labels)
     graph.ndata["label"] = labels
     split = {k: torch.as_tensor(v).long() for k, v in
-             ds.get_idx_split().items()}
+             ogb_split(ds).items()}
     evaluator = AccuracyEvaluator(name) if synthetic else evaluator_cls(name)
     return NodeDataset(
         name=name, graph=graph, labels=labels, split=split,

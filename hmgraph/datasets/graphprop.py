@@ -35,6 +35,7 @@ import numpy as np
 
 from hmgraph.datasets import DatasetError
 from hmgraph.datasets.ogb_prompts import answer_ogb_prompts
+from hmgraph.datasets.pickles import ogb_split
 from hmgraph.datasets.sources import source_digest, source_files
 from hmgraph.datasets.tu import GraphDataset
 
@@ -94,7 +95,7 @@ def _from_ogb(name: str, folder: Path) -> GraphDataset:
     with answer_ogb_prompts(answer="n"), contextlib.redirect_stdout(quiet), \
             contextlib.redirect_stderr(quiet):
         ds = DglGraphPropPredDataset(name, root=str(folder.parent))
-        split = ds.get_idx_split()
+        split = ogb_split(ds)
     graph = dgl.batch(list(ds.graphs))
     src, dst = graph.edges()
     atoms = graph.ndata["feat"].numpy()

@@ -26,10 +26,12 @@ import numpy as np
 import torch
 
 from hmgraph.cache.format import FeatureFileWriter, atomic_path
+from hmgraph.datasets.pickles import load_torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["STREAMED", "npz_member", "read_raw_graph", "stream_features"]
+__all__ = ["STREAMED", "npz_member", "read_raw_graph", "read_split",
+           "stream_features"]
 
 #: OGB node datasets read through this module (binary raw files).
 STREAMED = ("ogbn-papers100M",)
@@ -131,7 +133,6 @@ def read_raw_graph(folder: Path, cache: Path, bidirected: bool):
         labels (N, 1) and the split as id arrays.
     """
     import dgl
-    import pandas as pd
 
     raw = folder / "raw"
     graph_file = cache / _GRAPH_FILE
@@ -152,15 +153,24 @@ def read_raw_graph(folder: Path, cache: Path, bidirected: bool):
             dgl.save_graphs(str(tmp), [graph])
     with np.load(raw / "node-label.npz") as data:
         labels = data["node_label"]
+    return graph, labels, read_split(folder)
+
+
+def read_split(folder: Path) -> dict:
+    """The split of an OGB node dataset in ``folder``, as id arrays.
+
+    ``split/<kind>/split_dict.pt`` where there is one, read without
+    running code from it (`hmgraph.datasets.pickles.load_torch`), else
+    ``split/<kind>/{train,valid,test}.csv.gz``.
+    """
+    import pandas as pd
+
     kind = folder / "split" / _split_kind(folder)
     if (kind / "split_dict.pt").is_file():
-        split = torch.load(kind / "split_dict.pt")
-    else:
-        split = {part: pd.read_csv(kind / f"{part}.csv.gz",
-                                   compression="gzip",
-                                   header=None).values.T[0]
-                 for part in ("train", "valid", "test")}
-    return graph, labels, split
+        return load_torch(kind / "split_dict.pt", "split file")
+    return {part: pd.read_csv(kind / f"{part}.csv.gz", compression="gzip",
+                              header=None).values.T[0]
+            for part in ("train", "valid", "test")}
 
 
 def _split_kind(folder: Path) -> str:

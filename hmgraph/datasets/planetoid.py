@@ -10,18 +10,27 @@ without self-loops.
 
 from __future__ import annotations
 
-import pickle
-import warnings
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 
+from hmgraph.datasets.pickles import NUMPY_ARRAYS, load_pickle
+
 __all__ = ["PLANETOID", "find_planetoid", "read_planetoid"]
 
 PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 _PARTS = ("x", "y", "tx", "ty", "allx", "ally", "graph")
+#: All the files name (Python 2 pickles): numpy arrays, scipy CSR matrices
+#: and, for the graph, a defaultdict of lists. Nothing else is unpickled.
+_GLOBALS = NUMPY_ARRAYS | {
+    ("scipy.sparse.csr", "csr_matrix"),
+    ("scipy.sparse._csr", "csr_matrix"),
+    ("collections", "defaultdict"),
+    ("__builtin__", "list"),
+    ("builtins", "list"),
+}
 
 
 def find_planetoid(name: str, root: str | Path) -> Path | None:
@@ -50,6 +59,12 @@ def read_planetoid(name: str, folder: str | Path) -> dict:
         ``src``, ``dst`` (int64 edge ends, both directions), ``feat``
         (float32, row-normalised), ``label`` (int64), ``num_classes``,
         ``train``, ``valid``, ``test`` (int64 ids).
+
+    Raises
+    ------
+    hmgraph.datasets.pickles.UnsafePickleError
+        A file names anything but numpy arrays, CSR matrices and lists
+        (a crafted pickle): refused before it can run.
     """
     folder = Path(folder)
     parts = {}
@@ -60,10 +75,8 @@ def read_planetoid(name: str, folder: str | Path) -> dict:
                 f"Planetoid file {path} is missing; {name} needs "
                 f"ind.{name}.{{{','.join(_PARTS)},test.index}}"
             )
-        with open(path, "rb") as f, warnings.catch_warnings():
-            # The pickles name scipy.sparse.csr, a deprecated module path.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            parts[part] = pickle.load(f, encoding="latin1")
+        parts[part] = load_pickle(path, _GLOBALS, "Planetoid file",
+                                  encoding="latin1")
     index_path = folder / f"ind.{name}.test.index"
     test_index = np.loadtxt(index_path, dtype=np.int64).reshape(-1)
     test_sorted = np.sort(test_index)

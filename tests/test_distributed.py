@@ -88,14 +88,22 @@ def test_two_servers_two_trainers_match_single_process(
     assert not any(_alive(pid) for pid in pids)
 
 
-def _start_and_wait_for_a_batch(parts, tmp_path, trainer: int):
-    """A launcher subprocess, once trainer ``trainer`` has trained."""
+def _ignore_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _start_and_wait_for_a_batch(parts, tmp_path, trainer: int,
+                                sigint: str = "default"):
+    """A launcher subprocess, once trainer ``trainer`` has trained;
+    ``sigint="ignored"`` starts it with SIGINT ignored, as ``nohup`` or
+    ``make test &`` in a script do."""
     command = [sys.executable, "-m", "hmgraph.cli", "train-dist",
                "--parts-dir", str(parts), "--trainers", "2", "--epochs",
                "3", "--log-every", "1", "--out", str(tmp_path / "run"),
                "--timeout", "300", *WORKLOAD]
-    launcher = subprocess.Popen(command, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_ignore_sigint if sigint == "ignored" else None)
     pids = {}
     for line in launcher.stdout:
         found = re.match(r"started (\w+ \d) \(pid (\d+)\)", line)
@@ -182,8 +190,14 @@ def test_finished_trainers_stuck_in_shutdown_are_stopped(tmp_path):
     assert all(p.popen.poll() is not None for p in servers + workers)
 
 
-def test_ctrl_c_stops_every_process(parts, tmp_path):
-    launcher, pids = _start_and_wait_for_a_batch(parts, tmp_path, 0)
+#: How the launcher inherits SIGINT: as from a shell, or ignored.
+SIGINT_INHERITED = ["default", "ignored"]
+
+
+@pytest.mark.parametrize("sigint", SIGINT_INHERITED)
+def test_ctrl_c_stops_every_process(parts, tmp_path, sigint):
+    launcher, pids = _start_and_wait_for_a_batch(parts, tmp_path, 0,
+                                                 sigint)
     launcher.send_signal(signal.SIGINT)
     last = _finish(launcher)
     assert launcher.returncode == 130

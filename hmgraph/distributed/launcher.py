@@ -13,11 +13,13 @@ cluster: every part gets its own "machine" line in DGL's ip_config (all on
 * on Ctrl-C or when ``timeout`` seconds pass, it stops them all too.
 
 Stopping is SIGTERM, then SIGKILL after a grace period; a SIGTERM to the
-launcher stops the job as Ctrl-C does. Workers also exit on their own when
-the launcher disappears, and the next launch removes the shared memory and
-work folders of launchers that were killed (`remove_leftovers`). Nothing
-listens beyond the loopback: the trainers meet through a file, gloo binds
-to ``lo`` and DGL's servers to 127.0.0.1.
+launcher stops the job as Ctrl-C does. Both handlers are installed whatever
+the launcher inherited: started with SIGINT ignored (``nohup``, ``make
+test &`` in a script) it still stops on SIGINT. Workers also exit on their
+own when the launcher disappears, and the next launch removes the shared
+memory and work folders of launchers that were killed (`remove_leftovers`).
+Nothing listens beyond the loopback: the trainers meet through a file, gloo
+binds to ``lo`` and DGL's servers to 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -175,8 +177,11 @@ def launch(parts_dir: str | os.PathLike, trainers: int, settings: dict, *,
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     command = [sys.executable, "-m", "hmgraph.distributed.worker"]
     servers, workers = [], []
-    # SIGTERM stops the job as Ctrl-C does: processes, memory, folders.
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    # SIGINT and SIGTERM stop the job: processes, memory, folders; also
+    # when SIGINT came ignored (Python then installs no handler of its own).
+    previous = {signum: signal.signal(signum, handler) for signum, handler
+                in ((signal.SIGINT, signal.default_int_handler),
+                    (signal.SIGTERM, _terminate))}
     try:
         for rank in range(num_parts):
             popen = subprocess.Popen(
@@ -191,7 +196,9 @@ def launch(parts_dir: str | os.PathLike, trainers: int, settings: dict, *,
         _watch(servers, workers, timeout, log, done=done)
         result = json.loads(Path(job["result"]).read_text())
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            if handler is not None:  # None: not installed from Python
+                signal.signal(signum, handler)
         _stop(servers + workers)
         _remove_shared_memory(f"hmg{os.getpid()}m")
         if owned is not None:

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import mmap
+import numbers
 import os
 import threading
 import time
@@ -42,7 +44,7 @@ from hmgraph.cache.format import PAGE_BYTES, atomic_path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DiskModel", "ReadPlan", "block_span", "disk_model",
+__all__ = ["BLOCK_SIZES", "DiskModel", "ReadPlan", "block_span", "disk_model",
            "measure_disk", "read_plan"]
 
 #: Version of the cached measurement; older caches are measured again.
@@ -50,6 +52,8 @@ _MODEL_VERSION = 2
 _IOPS_READ_BYTES = 4096
 _SEQ_READ_BYTES = 1 << 20
 _PROBE_SIZES = (512, 1024, 2048, 4096)
+#: Logical block sizes a model may hold: what `measure_disk` can find.
+BLOCK_SIZES = _PROBE_SIZES
 _memo: dict[tuple, DiskModel] = {}
 _memo_lock = threading.Lock()
 
@@ -79,16 +83,24 @@ class DiskModel:
     device: int = 0
 
     def __post_init__(self):
-        if self.block_bytes < 1 or PAGE_BYTES % self.block_bytes:
+        block = self.block_bytes
+        if isinstance(block, bool) or not isinstance(block, numbers.Integral) \
+                or block not in BLOCK_SIZES:
             raise ValueError(
-                f"block_bytes must divide {PAGE_BYTES}, got "
-                f"{self.block_bytes}"
+                f"block_bytes must divide {PAGE_BYTES} and be an integer "
+                f"of at least 512 ({', '.join(map(str, BLOCK_SIZES))}), "
+                f"got {block!r}"
             )
-        if self.iops <= 0 or self.bandwidth <= 0:
-            raise ValueError(
-                f"iops and bandwidth must be positive, got {self.iops} and "
-                f"{self.bandwidth}"
-            )
+        for key, unit in (("iops", "reads per second"),
+                          ("bandwidth", "bytes per second")):
+            value = getattr(self, key)
+            if isinstance(value, bool) \
+                    or not isinstance(value, numbers.Real) \
+                    or not math.isfinite(value) or value <= 0:
+                raise ValueError(
+                    f"{key} must be positive and finite ({unit}), got "
+                    f"{value!r}"
+                )
 
     def seconds(self, requests: int, nbytes: int) -> float:
         """Modelled seconds of ``requests`` reads moving ``nbytes``."""
@@ -252,16 +264,37 @@ def disk_model(path: str | os.PathLike, queue_depth: int = 4,
 
 
 def _load(cache: Path, device: int, queue_depth: int) -> DiskModel | None:
+    """The model cached in ``cache``; None: measure again.
+
+    A cache of another version, device or queue depth is measured again
+    quietly; one that cannot be read or holds a bad value (NaN IOPS, an
+    infinite bandwidth, a block size of 8 or 512.0) is measured again with
+    a warning naming the file, the key and the valid range, and then
+    rewritten by `disk_model`.
+    """
     try:
         record = json.loads(cache.read_text())
-        if (record.get("version") != _MODEL_VERSION
-                or record["device"] != device
-                or record["queue_depth"] != queue_depth):
-            return None
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        log.warning("%s is unreadable (%s); measuring the disk again",
+                    cache, err)
+        return None
+    if not isinstance(record, dict):
+        log.warning("%s holds no disk model; measuring the disk again", cache)
+        return None
+    if (record.get("version") != _MODEL_VERSION
+            or record.get("device") != device
+            or record.get("queue_depth") != queue_depth):
+        return None
+    try:
         return DiskModel(record["block_bytes"], record["iops"],
                          record["bandwidth"], queue_depth, device)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    except KeyError as err:
+        log.warning("%s lacks %s; measuring the disk again", cache, err)
+    except ValueError as err:
+        log.warning("%s: %s; measuring the disk again", cache, err)
+    return None
 
 
 @dataclass

@@ -20,8 +20,10 @@ renamed, so a killed writer never leaves a file that a reader trusts.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import struct
 import zlib
 from dataclasses import asdict, dataclass
@@ -342,13 +344,16 @@ def read_manifest(path: str | os.PathLike) -> FeatureManifest:
     """
     path = Path(path)
     if not path.is_file():
-        raise FeatureFileError(f"feature file {path} does not exist")
+        raise FeatureFileError(_not_a_file(path))
     with open(path, "rb") as f:
         head = f.read(DATA_OFFSET)
     if len(head) < len(MAGIC) + 4 or head[: len(MAGIC)] != MAGIC:
+        # Not a file hmgraph wrote (it writes the magic first, atomically):
+        # someone's own file, so never advise deleting it.
         raise FeatureFileError(
-            f"{path} is not an hmgraph feature file (bad magic); "
-            f"delete it to rebuild it"
+            f"{path} is not an hmgraph feature file (bad magic: it does "
+            f"not begin with {MAGIC.decode()}); give a feature file hmgraph "
+            f"wrote, such as a dataset's hmgraph/node-feat.bin"
         )
     (length,) = struct.unpack("<I", head[len(MAGIC):len(MAGIC) + 4])
     try:
@@ -377,6 +382,25 @@ def read_manifest(path: str | os.PathLike) -> FeatureManifest:
             f"needs {manifest.file_bytes}; delete it to rebuild it"
         )
     return manifest
+
+
+def _not_a_file(path: Path) -> str:
+    """Why ``path``, not a regular file, cannot be a feature file."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return f"{path} is a symlink loop, not a feature file"
+        if path.is_symlink():
+            return (f"{path} is a symlink to {os.readlink(path)}, which "
+                    f"does not exist")
+        return f"feature file {path} does not exist"
+    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO",
+             stat.S_ISSOCK: "a socket", stat.S_ISCHR: "a character device",
+             stat.S_ISBLK: "a block device"}
+    kind = next((what for test, what in kinds.items() if test(mode)),
+                "a special file")
+    return f"{path} is {kind}, not a feature file"
 
 
 def open_feature_file(

@@ -141,3 +141,45 @@ def test_killed_writer_leaves_no_trusted_file(tmp_path):
     # The next writer of that file removes the dead writer's temporary.
     write_feature_file(path, np.ones((3, 4), "f4"))
     assert [p.name for p in tmp_path.iterdir()] == ["feat.bin"]
+
+
+def _loop(path):
+    path.symlink_to(path.with_name("other"))
+    path.with_name("other").symlink_to(path)
+
+
+#: Paths that are not regular files, and what read_manifest says they are.
+NOT_FILES = {
+    "directory": (lambda p: p.mkdir(), "is a directory, not a feature file"),
+    "fifo": (os.mkfifo, "is a FIFO, not a feature file"),
+    "symlink-loop": (_loop, "is a symlink loop, not a feature file"),
+    "dangling-symlink": (lambda p: p.symlink_to(p.with_name("gone")),
+                         "is a symlink to .*gone, which does not exist"),
+}
+
+
+@pytest.mark.parametrize("make,match", NOT_FILES.values(),
+                         ids=NOT_FILES.keys())
+def test_a_path_that_is_no_file_is_named_for_what_it_is(tmp_path, make,
+                                                         match):
+    path = tmp_path / "feat.bin"
+    make(path)
+    with pytest.raises(FeatureFileError, match=match) as info:
+        read_manifest(path)
+    assert str(info.value).startswith(str(path))
+    assert "\n" not in str(info.value)
+
+
+def test_disk_command_never_advises_deleting_a_foreign_file(tmp_path,
+                                                            capsys):
+    from hmgraph.cli import main
+
+    path = tmp_path / "afile"
+    path.write_text("someone's notes")
+    assert main(["disk", str(path)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        f"hmgraph disk: error: {path} is not an hmgraph feature file (bad "
+        f"magic: it does not begin with HMGFEAT1); give a feature file "
+        f"hmgraph wrote, such as a dataset's hmgraph/node-feat.bin"]
+    assert path.read_text() == "someone's notes"

@@ -123,6 +123,90 @@ def file_error(check, tiny, damage) -> str:
     return f"hmgraph train: error: {raised(lambda: check(path))}"
 
 
+def swapped_feature_file(tiny) -> str:
+    """synth-tiny's meta beside a same-shape feature file of zeros."""
+    import numpy as np
+
+    from hmgraph.cache.format import write_feature_file
+    from hmgraph.datasets.synthetic import check_feature_file
+
+    folder = Path("root/synth_tiny")
+    path = feature_file(tiny)
+    shutil.copy(tiny.info["folder"] / "hmgraph-meta.json", folder)
+    write_feature_file(path, np.zeros((tiny.num_nodes, 100), np.float32))
+    return ("hmgraph train: error: "
+            f"{raised(lambda: check_feature_file(folder))}")
+
+
+def payload(path: str, write) -> Path:
+    """``path`` holding a pickle that would call ``exec`` (``write`` it)."""
+    from test_untrusted import Payload
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write(path, Payload(Path("PAYLOAD-RAN").absolute()))
+    return path
+
+
+def split_payload() -> str:
+    from hmgraph.datasets.pickles import load_torch
+
+    path = payload("root/synth_tiny/split/random/split_dict.pt",
+                   lambda path, obj: torch.save({"train": obj}, path))
+    return ("hmgraph train: error: "
+            f"{raised(lambda: load_torch(path, 'split file'))}")
+
+
+def planetoid_payload() -> str:
+    import pickle
+
+    payload("Cora/ind.cora.x",
+            lambda path, obj: path.write_bytes(pickle.dumps(obj, 2)))
+    Path("Cora/ind.cora.graph").touch()
+    return cli("--dataset", "cora", "--root", ".")
+
+
+def disk_cli(*args: str) -> str:
+    """The one line ``hmgraph disk ARGS`` prints on stderr, run here."""
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["disk", *args])
+    lines = err.getvalue().strip().splitlines()
+    assert code == 2 and len(lines) == 1, err.getvalue()
+    return lines[0]
+
+
+def disk_warning(key: str, value) -> str:
+    """The warning for a cached disk model holding ``key: value``."""
+    import json
+    import logging
+
+    from hmgraph.cache import disk
+
+    path = Path("node-feat.bin.disk.json")
+    record = dict(disk.FALLBACK.as_dict(), version=disk._MODEL_VERSION)
+    path.write_text(json.dumps(dict(record, **{key: value})))
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger(disk.__name__)
+    logger.addHandler(handler)
+    try:
+        assert disk._load(path, record["device"], record["queue_depth"]) \
+            is None
+    finally:
+        logger.removeHandler(handler)
+    return f"WARNING {disk.__name__}: {records[0].getMessage()}"
+
+
+def made(make, path: str) -> str:
+    make(path)
+    return path
+
+
 REPRODUCE = {
     "root-missing": lambda _: cli("--root", "/nonexistent/root"),
     "root-file": lambda _: cli("--root", "afile"),
@@ -151,6 +235,20 @@ REPRODUCE = {
                                                     tiny, overwrite),
     "features-missing-path": lambda _: raised(
         loader(IDS, SAMPLER, features="nope.bin")),
+    "features-path-directory": lambda _: raised(
+        loader(IDS, SAMPLER, features="root")),
+    "features-path-fifo": lambda _: raised(
+        loader(IDS, SAMPLER, features=made(os.mkfifo, "fifo"))),
+    "features-path-symlink-loop": lambda _: raised(loader(
+        IDS, SAMPLER, features=made(lambda p: os.symlink(p, p), "loop"))),
+    "features-path-dangling-symlink": lambda _: raised(loader(
+        IDS, SAMPLER,
+        features=made(lambda p: os.symlink("gone", p), "dangling"))),
+    "feature-file-swapped": swapped_feature_file,
+    "split-file-payload": lambda _: split_payload(),
+    "planetoid-file-payload": lambda _: planetoid_payload(),
+    "disk-not-feature-file": lambda _: disk_cli("afile"),
+    "disk-model-bad-value": lambda _: disk_warning("iops", float("nan")),
     "features-wrong-rows": lambda _: raised(
         loader(IDS, SAMPLER, features=torch.randn(99, 8))),
     "features-wrong-shape": lambda _: raised(

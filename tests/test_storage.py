@@ -554,3 +554,56 @@ def test_disk_model_rejects_bad_values():
         DiskModel(3000, 1.0, 1.0, 1)
     with pytest.raises(ValueError, match="must be positive"):
         DiskModel(512, 0.0, 1.0, 1)
+
+
+#: Values a hand-edited or damaged ``<file>.disk.json`` may hold, and the
+#: key and valid range the warning names.
+BAD_DISK_VALUES = {
+    "nan-iops": ("iops", float("nan"), r"iops must be positive and finite"),
+    "infinite-bandwidth": ("bandwidth", float("inf"),
+                           r"bandwidth must be positive and finite"),
+    "block-of-8": ("block_bytes", 8, r"block_bytes must divide 4096 and be "
+                   r"an integer of at least 512 \(512, 1024, 2048, 4096\)"),
+    "block-of-512.0": ("block_bytes", 512.0, r"block_bytes .* got 512\.0"),
+    "iops-text": ("iops", "fast", r"iops .* got 'fast'"),
+}
+
+
+@pytest.mark.parametrize("key,value,match", BAD_DISK_VALUES.values(),
+                         ids=BAD_DISK_VALUES.keys())
+def test_bad_cached_disk_model_is_measured_again_and_rewritten(
+        tmp_path, monkeypatch, caplog, key, value, match):
+    path = tmp_path / "feat.bin"
+    write_feature_file(path, make_rows((100, 8), np.float32))
+    cache = tmp_path / "feat.bin.disk.json"
+    device = path.stat().st_dev
+    fresh = DiskModel(1024, 20_000.0, 1e9, 3, device)
+    cache.write_text(json.dumps(dict(fresh.as_dict(), version=2,
+                                     **{key: value})))
+    monkeypatch.setattr(disk, "_memo", {})
+    monkeypatch.setattr(disk, "measure_disk", lambda *args: fresh)
+    with caplog.at_level("WARNING", logger="hmgraph.cache.disk"):
+        assert disk_model(path, queue_depth=3) == fresh
+    warning = caplog.records[0].getMessage()
+    assert re.search(match, warning), warning
+    assert warning.startswith(f"{cache}: ")
+    assert warning.endswith("; measuring the disk again")
+    # Rewritten: the next process reads the new values without measuring.
+    monkeypatch.setattr(disk, "_memo", {})
+    monkeypatch.setattr(disk, "measure_disk", _refuse)
+    assert disk_model(path, queue_depth=3) == fresh
+
+
+def test_unreadable_cached_disk_model_is_measured_again(tmp_path,
+                                                        monkeypatch, caplog):
+    path = tmp_path / "feat.bin"
+    write_feature_file(path, make_rows((100, 8), np.float32))
+    cache = tmp_path / "feat.bin.disk.json"
+    cache.write_text('{"iops": ')
+    fresh = DiskModel(512, 20_000.0, 1e9, 3, path.stat().st_dev)
+    monkeypatch.setattr(disk, "_memo", {})
+    monkeypatch.setattr(disk, "measure_disk", lambda *args: fresh)
+    with caplog.at_level("WARNING", logger="hmgraph.cache.disk"):
+        assert disk_model(path, queue_depth=3) == fresh
+    assert caplog.records[0].getMessage().startswith(
+        f"{cache} is unreadable (")

@@ -1,10 +1,11 @@
-"""Dataset files are data: a pickle in one that would run code is refused.
+"""Files in a dataset folder are data, and must be the dataset's own.
 
-Each test plants a payload (a pickle whose ``__reduce__`` writes a marker
-file) where a dataset format holds a pickle: a split (``split_dict.pt``,
+Each payload test plants a pickle whose ``__reduce__`` writes a marker
+file where a dataset format holds a pickle: a split (``split_dict.pt``,
 read for synthetic, ogbn and ogbg sets alike) and a Planetoid file. Each is
 refused with one line naming the file, and the marker is never written.
-The genuine files of each format still load.
+The genuine files of each format still load. A feature file swapped into
+a generated set is refused too.
 """
 
 from __future__ import annotations
@@ -171,3 +172,25 @@ def test_load_torch_reads_tensors_and_arrays(tmp_path):
         assert np.array_equal(loaded["array"], saved["array"])
         assert loaded["scalar"] == 7
         assert torch.equal(loaded["nested"][0], torch.ones(2))
+
+
+def test_a_feature_file_swapped_into_a_synthetic_set_is_refused(
+        data_root, tmp_path):
+    # Another set's rows of the same shape: the checksum generation
+    # recorded in hmgraph-meta.json names the file that belongs here.
+    from hmgraph.cache.format import FeatureFileError, write_feature_file
+    from hmgraph.datasets.synthetic import feature_path
+
+    folder = writable_copy(data_root / "synth_tiny",
+                           tmp_path / "synth_tiny")
+    path = feature_path(folder)
+    recorded = datasets.load("synth-tiny", tmp_path, features_on="disk")
+    rows = np.zeros((recorded.num_nodes, 100), np.float32)
+    swapped = write_feature_file(path, rows).checksum
+    with pytest.raises(FeatureFileError) as info:
+        datasets.load("synth-tiny", tmp_path, features_on="disk")
+    assert str(info.value) == (
+        f"feature file {path} is not the one generated for this dataset: "
+        f"its checksum {swapped} is not the crc32:0a1f11db recorded in "
+        f"{folder / 'hmgraph-meta.json'}; delete {folder} to generate it "
+        f"again")

@@ -42,6 +42,9 @@ from hmgraph.datasets.pickles import ogb_split
 from hmgraph.datasets.planetoid import PLANETOID, find_planetoid
 from hmgraph.datasets.sources import source_digest, source_files
 from hmgraph.datasets.synthetic import SPECS, make_synthetic, meta_dict
+from hmgraph.datasets.synthetic import (
+    check_feature_file as check_synthetic_features,
+)
 from hmgraph.datasets.synthetic import feature_path as synthetic_feature_path
 
 log = logging.getLogger(__name__)
@@ -131,6 +134,7 @@ def load(
         )
     if name in SPECS:
         folder = make_synthetic(name, root, progress=progress)
+        check_synthetic_features(folder)
         dataset = _load_ogb_format(name, folder, True)
         dataset.feature_path = _checked(synthetic_feature_path(folder),
                                         dataset.num_nodes, verify)

@@ -46,8 +46,8 @@ from hmgraph.datasets.base import FEATURE_FILE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SPECS", "SynthSpec", "feature_rows", "generate",
-           "generate_graph", "make_synthetic", "write_features"]
+__all__ = ["SPECS", "SynthSpec", "check_feature_file", "feature_rows",
+           "generate", "generate_graph", "make_synthetic", "write_features"]
 
 _META_FILE = "hmgraph-meta.json"
 # Version of the generated layout; folders of another version are rebuilt.
@@ -339,6 +339,37 @@ def feature_path(folder: Path) -> Path:
     return Path(folder) / "hmgraph" / FEATURE_FILE
 
 
+def check_feature_file(folder: Path) -> None:
+    """Refuse a feature file that is not the one generated in ``folder``.
+
+    Generation records the feature file's checksum (its manifest's CRC-32)
+    in ``hmgraph-meta.json``; a file swapped in later, of the same shape or
+    not, carries another one. Reads the file's header only (a header that
+    lies about its rows fails `hmgraph.cache.format.verify_feature_file`).
+    Folders generated before the checksum was recorded are not checked.
+
+    Raises
+    ------
+    hmgraph.cache.format.FeatureFileError
+        One line naming the file, both checksums and the way out.
+    """
+    from hmgraph.cache.format import FeatureFileError, read_manifest
+
+    folder = Path(folder)
+    meta = folder / _META_FILE
+    recorded = json.loads(meta.read_text()).get("feature_checksum")
+    if recorded is None:
+        return
+    path = feature_path(folder)
+    checksum = read_manifest(path).checksum
+    if checksum != recorded:
+        raise FeatureFileError(
+            f"feature file {path} is not the one generated for this "
+            f"dataset: its checksum {checksum} is not the {recorded} "
+            f"recorded in {meta}; delete {folder} to generate it again"
+        )
+
+
 def make_synthetic(name: str, root: str | os.PathLike,
                    progress: bool = False) -> Path:
     """Generate ``name`` under ``root`` unless it is already there.
@@ -425,6 +456,7 @@ def make_synthetic(name: str, root: str | os.PathLike,
             "format": _FORMAT, "spec": asdict(spec), "ogb_meta": meta,
             "num_edges": int(num_edges),
             "feature_bytes": manifest.file_bytes,
+            "feature_checksum": manifest.checksum,
         }
         (built / _META_FILE).write_text(json.dumps(record, indent=1))
         # (8) Let ogb build its processed graph before the folder is

@@ -160,7 +160,7 @@ class CompiledRead:
         if repeats:
             return None
         missing = np.flatnonzero(store < 0)
-        order = np.argsort(ids_np[missing], kind="stable")
+        order = engine.argsort(ids_np[missing], cache.num_rows)
         missing = missing[order]
         missed = ids_np[missing]
         if len(missed) > 1 and bool((missed[1:] == missed[:-1]).any()):
@@ -233,7 +233,7 @@ class CompiledRead:
         slots = staging.free[staging.num_free - len(taken):
                              staging.num_free].numpy().copy()
         union = np.concatenate([missed, taken])
-        order = np.argsort(union, kind="stable")
+        order = engine.argsort(union, cache.num_rows)
         which = np.concatenate([np.zeros(len(missed), np.int64),
                                 np.ones(len(taken), np.int64)])[order]
         where = np.concatenate([missing, slots])[order]

@@ -33,7 +33,13 @@ import torch
 from hmgraph import dglbatch
 from hmgraph.cache.coordinated import CacheStats, FeatureCache
 from hmgraph.cache.feature import Feature, TensorFeature
-from hmgraph.cache.plan import CachePlan, build_cache, make_plan
+from hmgraph.cache.plan import (
+    STAGING_COVERAGE_MAX,
+    CachePlan,
+    block_coverage,
+    build_cache,
+    make_plan,
+)
 from hmgraph.cache.policies import layer_aware_score
 from hmgraph.cache.reuse import REUSE_LEVELS, BatchReuse
 from hmgraph.inputs import as_indices, feature_sources, loader_device
@@ -252,7 +258,11 @@ class DataLoader:
         ``"layer-aware"`` (per-hop need, hops near the seeds first).
     staging : float, optional
         Share of the host budget for window read planning (default
-        `STAGING_SHARE` with the storage tier and lookahead, else 0).
+        `STAGING_SHARE` with the storage tier and lookahead, else 0; and
+        0 where profiled batches each read over
+        `hmgraph.cache.plan.STAGING_COVERAGE_MAX` of the file's blocks,
+        since rows brought along would then lie on blocks their batches
+        read anyway). A share given here is used as given.
     profile : hmgraph.samplers.presample.Profile, optional
         A profile of this loader's batches, used instead of profiling.
     **kwargs
@@ -459,10 +469,6 @@ class DataLoader:
                host_budget_bytes, window, profile_batches, reuse,
                staging) -> None:
         levels = REUSE_LEVELS[reuse]
-        if staging is None:
-            looks_ahead = (4 if window is None else window) > 0
-            staging = STAGING_SHARE if looks_ahead and hasattr(
-                source, "read_along") else 0.0
         policy = cache.policy if isinstance(cache, CachePlan) else \
             "none" if cache is None else cache
         if (policy in PROFILED_POLICIES or levels) and \
@@ -472,6 +478,10 @@ class DataLoader:
                 f"on heterographs use 'lru', 'clock', 'degree' or None")
         if policy in PROFILED_POLICIES or levels:
             self._profile(profile_batches)
+        if staging is None:
+            looks_ahead = (4 if window is None else window) > 0
+            staging = STAGING_SHARE if looks_ahead and hasattr(
+                source, "read_along") and self._staging_pays(source) else 0.0
         if isinstance(cache, CachePlan):
             if cache.num_rows != source.num_rows:
                 raise ValueError(
@@ -509,6 +519,23 @@ class DataLoader:
                                               plan.reuse_rows)
         else:
             self.features[ntype] = built
+
+    def _staging_pays(self, source) -> bool:
+        """Whether window read planning can save reads on this workload:
+        not where profiled batches read most of the file's blocks anyway
+        (`hmgraph.cache.plan.block_coverage`); said in one log line."""
+        if self.profile is None or not hasattr(source, "geometry"):
+            return True
+        coverage = block_coverage(
+            self.profile.trace, source.num_rows, *source.geometry,
+            source.max_gap_blocks)
+        if coverage <= STAGING_COVERAGE_MAX:
+            return True
+        log.info("window read planning off: a profiled batch reads %.0f%% "
+                 "of the feature file's blocks, so rows brought along would "
+                 "lie on blocks their batches read anyway (staging=%g "
+                 "forces it)", 100 * coverage, STAGING_SHARE)
+        return False
 
     def _hotness(self) -> torch.Tensor | None:
         """Profiled score per row for static placement."""

@@ -37,10 +37,12 @@ __all__ = [
     "FeatureFileError",
     "FeatureFileWriter",
     "FeatureManifest",
+    "REBUILD",
     "atomic_path",
     "open_feature_file",
     "read_manifest",
     "verify_feature_file",
+    "with_remedy",
     "write_feature_file",
 ]
 
@@ -55,6 +57,27 @@ _SUPPORTED_DTYPES = ("float16", "float32", "float64", "int8", "uint8",
 
 class FeatureFileError(ValueError):
     """A feature file is missing, truncated, corrupt or of the wrong kind."""
+
+
+#: The way out that the message of a damaged feature file names. True of
+#: the files hmgraph makes: a dataset's feature file, renumbered copies
+#: and a synthetic set's rows are made again by the next load once
+#: deleted. Where a file comes from elsewhere (the user's own, a
+#: partition's), the reader names its own way out with `with_remedy`.
+REBUILD = "delete it to rebuild it"
+
+
+def with_remedy(error: FeatureFileError, remedy: str) -> FeatureFileError:
+    """``error`` with `REBUILD` in its message replaced by ``remedy``.
+
+    Examples
+    --------
+    >>> try:  # doctest: +SKIP
+    ...     read_manifest(path)
+    ... except FeatureFileError as err:
+    ...     raise with_remedy(err, "partition again") from None
+    """
+    return FeatureFileError(str(error).replace(REBUILD, remedy))
 
 
 
@@ -367,8 +390,7 @@ def read_manifest(path: str | os.PathLike) -> FeatureManifest:
         )
     except (ValueError, KeyError, TypeError) as err:
         raise FeatureFileError(
-            f"{path} has an unreadable manifest ({err}); "
-            f"delete it to rebuild it"
+            f"{path} has an unreadable manifest ({err}); {REBUILD}"
         ) from None
     if manifest.version != FORMAT_VERSION:
         raise FeatureFileError(
@@ -379,7 +401,7 @@ def read_manifest(path: str | os.PathLike) -> FeatureManifest:
     if size < manifest.file_bytes:
         raise FeatureFileError(
             f"feature file {path} is truncated: {size} bytes, its manifest "
-            f"needs {manifest.file_bytes}; delete it to rebuild it"
+            f"needs {manifest.file_bytes}; {REBUILD}"
         )
     return manifest
 
@@ -459,7 +481,6 @@ def verify_feature_file(path: str | os.PathLike) -> FeatureManifest:
     if actual != manifest.checksum:
         raise FeatureFileError(
             f"feature file {path} fails its checksum: manifest says "
-            f"{manifest.checksum}, rows give {actual}; delete it to "
-            f"rebuild it"
+            f"{manifest.checksum}, rows give {actual}; {REBUILD}"
         )
     return manifest

@@ -113,14 +113,27 @@ def feature_sources(graph, features, name: str) -> dict[str, Feature]:
     return sources
 
 
+#: What works for a damaged feature file given by path: hmgraph makes a
+#: dataset's own file again once deleted, not a file of the user's.
+PATH_REMEDY = ("delete it to rebuild it if it is a dataset's file that "
+               "hmgraph made, else write it again "
+               "(hmgraph.cache.write_feature_file)")
+
+
 def as_feature(features) -> Feature:
     """The feature source: in memory, a Feature, or a feature file."""
     if isinstance(features, Feature):
         return features
     if isinstance(features, (str, os.PathLike)):
+        from hmgraph.cache.format import FeatureFileError, with_remedy
         from hmgraph.cache.storage import StorageFeature
 
-        return StorageFeature(Path(features))
+        try:
+            feature = StorageFeature(Path(features))
+        except FeatureFileError as err:
+            raise with_remedy(err, PATH_REMEDY) from None
+        feature.remedy = PATH_REMEDY
+        return feature
     if isinstance(features, np.ndarray):
         return ArrayFeature(features)
     return TensorFeature(features)

@@ -21,6 +21,7 @@ import torch
 
 import hmgraph
 from hmgraph.cache.feature import TensorFeature
+from hmgraph.inputs import PATH_REMEDY
 
 POLICIES = ["lru", "clock", "degree", "presample", "hmgraph"]
 
@@ -119,10 +120,77 @@ def test_feature_file_truncated_mid_epoch(tiny, tmp_path):
             for batch in batches:
                 check(torch.equal(batch.x, rows[batch[0]]))
         check("\n" not in str(info.value))
+        # A file given by path may be the user's own: the way out says so.
+        check(str(info.value).endswith(PATH_REMEDY), str(info.value))
         shutil.copy(tiny.feature_path, path)  # the file is whole again
         exact_epoch(loader, rows)
     finally:
         loader.close()
+
+
+#: Datasets whose feature file hmgraph makes again once deleted.
+REBUILT = ["synth-tiny", "cora"]
+
+
+@pytest.mark.parametrize("name", REBUILT, ids=REBUILT)
+def test_deleted_feature_file_is_rebuilt_bit_identical(name, data_root,
+                                                       tmp_path, request):
+    """Truncated: refused with "delete it to rebuild it". Deleted: the
+    next load makes it again, the same bytes as before."""
+    from hmgraph import datasets
+    from hmgraph.cache.format import REBUILD, FeatureFileError
+
+    root = tmp_path / "root"
+    if name == "cora":  # skips where the shared datasets are absent
+        shared_data = request.getfixturevalue("shared_data")
+        shutil.copytree(shared_data / "Cora", root / "Cora",
+                        copy_function=shutil.copyfile)
+        (root / "Cora").chmod(0o755)
+    else:
+        shutil.copytree(data_root / "synth_tiny", root / "synth_tiny",
+                        ignore=shutil.ignore_patterns("renumbered-*"))
+    first = datasets.load(name, root, features_on="disk")
+    path = first.feature_path
+    whole = path.read_bytes()
+    with open(path, "r+b") as file:
+        file.truncate(8192)
+    with pytest.raises(FeatureFileError, match="is truncated: 8192 bytes") \
+            as info:
+        datasets.load(name, root, features_on="disk")
+    check(str(info.value).endswith(REBUILD), str(info.value))
+    path.unlink()
+    again = datasets.load(name, root, features_on="disk")
+    check(again.feature_path == path)
+    check(path.read_bytes() == whole, "the rebuilt file differs")
+    again = datasets.load(name, root)  # and reused as it is
+    check(path.read_bytes() == whole)
+
+
+def test_damaged_files_hmgraph_does_not_make_name_what_works(graph,
+                                                             tmp_path):
+    """A file of the user's own, or a partition's, is not made again by
+    hmgraph: its message names what works instead of deleting it."""
+    from hmgraph.cache.format import FeatureFileError, write_feature_file
+    from hmgraph.distributed.feature import (
+        PARTITION_REMEDY,
+        PartitionFeature,
+    )
+
+    own = tmp_path / "own.bin"
+    write_feature_file(own, graph.ndata["feat"])
+    with open(own, "r+b") as file:
+        file.truncate(8192)
+    with pytest.raises(FeatureFileError, match="is truncated") as info:
+        loader_for(graph, own, "lru", 0)
+    check(str(info.value).endswith(PATH_REMEDY), str(info.value))
+    part = tmp_path / "part0"
+    part.mkdir()
+    np.save(part / "local_ids.npy", np.arange(600))
+    shutil.copy(own, part / "feat.bin")
+    with pytest.raises(FeatureFileError, match="is truncated") as info:
+        PartitionFeature(part, remote=None)
+    check(str(info.value).endswith(PARTITION_REMEDY), str(info.value))
+    check("delete it" not in str(info.value), str(info.value))
 
 
 class FailingOnce(dgl.dataloading.NeighborSampler):

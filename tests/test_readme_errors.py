@@ -37,6 +37,7 @@ NOT_REPRODUCED = {
     "resume-fewer-epochs": "needs a training run (tests/test_train.py)",
     "empty-split": "no message (an epoch of no batches)",
     "launcher-killed": "no message (tests/test_distributed.py)",
+    "feature-file-missing": "no message: rebuilt (tests/test_faults.py)",
 }
 
 
@@ -114,6 +115,15 @@ def overwrite(file):
 
     file.seek(DATA_OFFSET + 10)
     file.write(bytes([0, 1, 2, 3]))
+
+
+def own_file(cut_to: int) -> str:
+    """``own.bin`` of `graph`'s rows, written here and cut short."""
+    from hmgraph.cache.format import write_feature_file
+
+    write_feature_file("own.bin", torch.randn(100, 8))
+    os.truncate("own.bin", cut_to)
+    return "own.bin"
 
 
 def file_error(check, tiny, damage) -> str:
@@ -227,12 +237,12 @@ REPRODUCE = {
         counts=torch.zeros(100_000))),
     "budget-below-metadata-device-rows": lambda _: raised(
         lambda: make_plan("lru", 100_000, 400, 2500 * 400, 1_000_000)),
-    "feature-file-missing": lambda tiny: file_error(read_manifest, tiny,
-                                                    None),
     "feature-file-truncated": lambda tiny: file_error(read_manifest, tiny,
                                                       cut),
     "feature-file-corrupt": lambda tiny: file_error(verify_feature_file,
                                                     tiny, overwrite),
+    "features-file-truncated": lambda _: raised(
+        loader(IDS, SAMPLER, features=own_file(cut_to=4096))),
     "features-missing-path": lambda _: raised(
         loader(IDS, SAMPLER, features="nope.bin")),
     "features-path-directory": lambda _: raised(

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from hmgraph.cache.format import (
+    REBUILD,
     atomic_path,
     read_manifest,
     verify_feature_file,
@@ -236,13 +237,16 @@ def _stream_unless_current(folder: Path, cache: Path, target: Path,
 
 
 def _checked(path: Path, num_nodes: int, verify: bool) -> Path:
-    """``path`` if it is a feature file of ``num_nodes`` rows."""
+    """``path`` if it is a feature file of ``num_nodes`` rows.
+
+    Used for the files hmgraph makes again once deleted (a synthetic set's,
+    a streamed OGB set's), which its messages advise.
+    """
     manifest = verify_feature_file(path) if verify else read_manifest(path)
     if manifest.num_rows != num_nodes:
         raise DatasetError(
             f"feature file {path} holds {manifest.num_rows} rows but the "
-            f"graph has {num_nodes} nodes; delete the dataset folder to "
-            f"regenerate it"
+            f"graph has {num_nodes} nodes; {REBUILD}"
         )
     return path
 

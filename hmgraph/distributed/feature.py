@@ -21,9 +21,14 @@ import numpy as np
 import torch
 
 from hmgraph.cache.feature import Feature
+from hmgraph.cache.format import FeatureFileError, with_remedy
 from hmgraph.cache.storage import StorageFeature
 
 __all__ = ["PartitionFeature", "PartLabels", "RemoteStats"]
+
+#: What works for a part's damaged ``feat.bin``: nothing makes one part's
+#: file again, partitioning writes the whole output folder anew.
+PARTITION_REMEDY = "partition again (hmgraph partition) to rewrite it"
 
 
 @dataclass
@@ -58,7 +63,11 @@ class PartitionFeature(Feature):
     def __init__(self, part_dir, remote, lock: threading.Lock | None = None):
         part_dir = Path(part_dir)
         self.local_ids = torch.from_numpy(np.load(part_dir / "local_ids.npy"))
-        self.local = StorageFeature(part_dir / "feat.bin")
+        try:
+            self.local = StorageFeature(part_dir / "feat.bin")
+        except FeatureFileError as err:
+            raise with_remedy(err, PARTITION_REMEDY) from None
+        self.local.remedy = PARTITION_REMEDY
         if self.local.num_rows != self.local_ids.numel():
             raise ValueError(
                 f"{part_dir}/feat.bin has {self.local.num_rows} rows, "

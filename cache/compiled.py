@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from hmgraph.cache import engine
+from hmgraph.cache.buffers import BufferPool
 from hmgraph.cache.disk import read_plan
 from hmgraph.cache.policies import HMGraphPolicy, _StaticPolicy
 
@@ -96,6 +97,36 @@ class CompiledRead:
             self.policy.resident.numel() > 0
         self.marked = _EMPTY
         self.tick = 0
+        self.pool = BufferPool(cache.row_shape, cache.dtype)
+        self._warm()
+
+    def _warm(self) -> None:
+        """Load (or compile, the first time on a machine) every kernel for
+        this cache's types now, at construction, not in the first batch:
+        an empty read through each of them, with nothing counted."""
+        none = np.zeros(0, dtype=np.int64)
+        store, slot, _ = self._find(none)
+        if self.all_buffers:
+            engine.gather(store, slot, self.all_buffers,
+                          engine.byte_rows(self.pool.empty(0)))
+        engine.argsort(none, self.cache.num_rows)
+        staging = self.cache.staging
+        if staging is not None:
+            engine.mark_window(self.cache._marks.numpy(), none, none,
+                               np.zeros(1, np.int64))
+        if type(self.policy) is HMGraphPolicy:
+            policy = self.policy
+            engine.choose_dynamic(
+                none, np.zeros(0, np.bool_), none, none,
+                np.zeros(1, np.int64), policy.window,
+                policy.next_use.numpy(), policy.cold_rank.numpy(),
+                np.iinfo(np.int32).max, 0, policy.num_rows)
+            counts = np.array([s.num_free for s in self.stores], np.int64)
+            engine.evict_ids(none, self.table, self.low, self.high,
+                             self.id_of, self.free, counts, self.resident)
+            engine.insert_rows(none, none, engine.byte_rows(
+                self.pool.empty(0)), self.table, self.low, self.id_of,
+                self.free, counts, self.buffers, self.resident)
 
     def _stamp(self) -> int:
         self.tick += 1
@@ -130,7 +161,7 @@ class CompiledRead:
         start = time.perf_counter()
         ids_np = ids.numpy()
         store, slot, _ = self._find(ids_np)
-        out = torch.empty((len(ids_np), *cache.row_shape), dtype=cache.dtype)
+        out = self.pool.empty(len(ids_np))
         counts = engine.gather(store, slot, self.all_buffers,
                                engine.byte_rows(out))
         asked = len(ids_np)
@@ -165,7 +196,7 @@ class CompiledRead:
         missed = ids_np[missing]
         if len(missed) > 1 and bool((missed[1:] == missed[:-1]).any()):
             return None
-        out = torch.empty((count, *cache.row_shape), dtype=cache.dtype)
+        out = self.pool.empty(count)
         out_rows = engine.byte_rows(out)
         found = engine.gather(store, slot, self.all_buffers, out_rows) \
             if self.all_buffers else np.zeros(0, dtype=np.int64)

@@ -55,6 +55,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .buffers import BufferPool
 from .disk import FALLBACK, DiskModel, disk_model, read_plan
 from .engine import argsort, byte_rows, scatter_rows
 from .feature import Feature, check_ids, torch_dtype
@@ -278,6 +279,8 @@ class StorageFeature(Feature):
         self.stats = StorageStats(block_bytes=block_bytes)
         self._lock = threading.Lock()
         self._buffers = threading.local()
+        # Batches' rows in reused memory, once nobody holds them.
+        self._rows = BufferPool(self.row_shape, self.dtype)
         self._pool = ThreadPoolExecutor(
             num_threads, thread_name_prefix="hmgraph-storage"
         )
@@ -410,7 +413,7 @@ class StorageFeature(Feature):
             return rows.index_select(0, torch.from_numpy(inverse))
         # Unique ids (DGL's input nodes): each row read straight into its
         # place in request order, with no second pass to reorder them.
-        rows = torch.empty((len(ids), *self.row_shape), dtype=self.dtype)
+        rows = self._rows.empty(len(ids))
         self.read_into(unique, (byte_rows(rows),),
                        np.zeros(len(unique), dtype=np.int64), order)
         return rows

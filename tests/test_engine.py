@@ -186,3 +186,27 @@ def test_window_read_planning_is_off_where_it_cannot_save_reads(
     forced = DataLoader(data.graph, seeds, sampler, staging=0.5, **options)
     forced.close()
     assert forced.plan.staging_rows > 0
+
+
+def test_a_batch_buffer_is_reused_only_once_nobody_holds_it():
+    from hmgraph.cache.buffers import BufferPool
+
+    pool = BufferPool((4,), torch.float32, size=2)
+    first = pool.empty(100)
+    first.fill_(1.0)
+    kept = first[10:20]  # a view the caller keeps
+    del first
+    second = pool.empty(100)
+    assert second.data_ptr() != kept.data_ptr() - 10 * 16
+    second.fill_(2.0)
+    assert bool((kept == 1.0).all())  # never overwritten
+    as_numpy = second.numpy()
+    del second
+    third = pool.empty(50)  # both pooled buffers are still held
+    assert third.data_ptr() not in (kept.data_ptr() - 10 * 16,
+                                    as_numpy.ctypes.data)
+    del kept, as_numpy
+    fourth = pool.empty(80)
+    assert fourth.shape == (80, 4)
+    pointers = {base.data_ptr() for base, _ in pool._buffers}
+    assert fourth.data_ptr() in pointers  # memory reused

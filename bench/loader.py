@@ -1,0 +1,239 @@
+"""Loader only: hmgraph's DataLoader against DGL's, no model.
+
+What a GPU trainer waits for: sampling plus the input rows, per batch.
+DGL's own ``DataLoader`` with its defaults and ``features[input_nodes]``
+from a tensor in memory is the baseline; hmgraph's loader runs with
+features in memory or on disk (``O_DIRECT``), with no cache, the
+coordinated cache (device 5 % + host 20 % of the feature bytes) or a host
+budget that holds every row. Every configuration samples the same seeded
+batches; configurations run interleaved, ``--repeats`` times, and the
+median seconds per batch count. Targets 1-3 of issue 33 (bench/README.md).
+``python bench/loader.py --quick``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+
+import common
+
+from hmgraph.args import name_list, non_negative_int, positive_int
+
+DGL = "dgl, memory"
+NONE_MEMORY, NONE_DISK = "hmgraph none, memory", "hmgraph none, disk"
+CACHE, COMPLETE = "hmgraph cache, disk", "hmgraph complete, disk"
+#: (name, features, cache, device share, host share: None = every row)
+CONFIGS = ((DGL, "memory", None, 0.0, 0.0),
+           (NONE_MEMORY, "memory", None, 0.0, 0.0),
+           (NONE_DISK, "disk", None, 0.0, 0.0),
+           (CACHE, "disk", "hmgraph", 0.05, 0.20),
+           (COMPLETE, "disk", "hmgraph", 0.0, None))
+DGL_RATIO_MAX, CACHE_RATIO_MAX, MEMORY_RATIO_MAX = 1.25, 0.8, 1.05
+FULL = {"datasets": "synth-small", "max_batches": 20, "repeats": 3,
+        "out": "bench/results/loader.json"}
+QUICK = {"datasets": "synth-tiny", "max_batches": 4, "repeats": 1,
+         "out": "/tmp/loader_quick.json"}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common.add_bench_arguments(parser, training=False)
+    add = parser.add_argument
+    add("--datasets", type=name_list(), help=f"default {FULL['datasets']}")
+    add("--max-batches", type=positive_int,
+        help=f"batches per pass (default {FULL['max_batches']})")
+    add("--repeats", type=positive_int,
+        help=f"interleaved passes (default {FULL['repeats']})")
+    add("--prefetch", type=name_list(check=non_negative_int),
+        default=["0", "2"], help="hmgraph prefetch depths (default 0,2)")
+    add("--seed", type=int, default=0)
+    add("--out", help=f"default {FULL['out']}")
+    add("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    for key, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value.split(",") if key == "datasets"
+                    else value)
+    args.prefetch = [int(p) for p in args.prefetch]
+    return args
+
+
+def dgl_pass(data, seeds, args) -> dict:
+    """DGL's loader with its defaults, ``features[input_nodes]``."""
+    import dgl
+    import torch
+
+    sampler = dgl.dataloading.NeighborSampler(args.fanouts)
+    began = time.perf_counter()
+    loader = dgl.dataloading.DataLoader(data.graph, seeds, sampler,
+                                        batch_size=args.batch_size,
+                                        shuffle=True)
+    built = time.perf_counter() - began
+    dgl.seed(args.seed)
+    torch.manual_seed(args.seed)
+    return timed(loader, lambda batch: data.features[batch[0]], built)
+
+
+def hmgraph_pass(data, seeds, args, features, cache, device, host,
+                 prefetch) -> dict:
+    import dgl
+
+    import hmgraph
+
+    feature_bytes = data.num_nodes * data.feat_dim * 4
+    options = {"cache": cache, "prefetch": prefetch, "seed": args.seed,
+               "features": data.features if features == "memory"
+               else data.feature_path}
+    if cache is not None:
+        options["device_budget_bytes"] = int(device * feature_bytes)
+        options["host_budget_bytes"] = int(host * feature_bytes) \
+            if host is not None else 2 * feature_bytes
+    began = time.perf_counter()
+    loader = hmgraph.DataLoader(
+        data.graph, seeds, dgl.dataloading.NeighborSampler(args.fanouts),
+        batch_size=args.batch_size, shuffle=True, labels=data.labels,
+        **options)
+    built = time.perf_counter() - began
+    try:
+        dgl.seed(args.seed)
+        record = timed(loader, lambda batch: batch.x, built)
+        stats = loader.stats.as_dict()
+    finally:
+        loader.close()
+    storage = stats.get("storage") or {}
+    record.update(
+        engine=getattr(loader.cache, "engine", None),
+        staging_rows=getattr(loader.plan, "staging_rows", 0),
+        stage_seconds={k: v / max(record["batches"], 1)
+                       for k, v in stats["seconds"].items()},
+        storage_bytes=storage.get("bytes_read", 0),
+        hit_rate={k: v for k, v in (stats.get("cache") or {}).get(
+            "hit_rate", {}).items()})
+    return record
+
+
+def timed(loader, rows, built: float) -> dict:
+    """Wall and CPU seconds per batch of one pass over ``loader``."""
+    gc.collect()
+    batches = 0
+    cpu = time.process_time()
+    start = time.perf_counter()
+    for batch in loader:
+        rows(batch)
+        batches += 1
+    wall = time.perf_counter() - start
+    return {"batches": batches, "seconds_per_batch": wall / max(batches, 1),
+            "cpu_seconds_per_batch": (time.process_time() - cpu)
+            / max(batches, 1), "construct_seconds": built}
+
+
+def run_dataset(name: str, args) -> list[dict]:
+    data, facts = common.load(name, args.root)
+    seeds = common.seeded_subset(data.split["train"], args.max_batches,
+                                 args.batch_size, args.seed)
+    runs = [(config, prefetch) for config in CONFIGS
+            for prefetch in ([None] if config[0] == DGL else args.prefetch)]
+    passes: dict = {}
+    bar = common.progress(len(runs) * args.repeats, name)
+    for _ in range(args.repeats):
+        for (config, features, cache, device, host), prefetch in runs:
+            record = dgl_pass(data, seeds, args) if config == DGL else \
+                hmgraph_pass(data, seeds, args, features, cache, device,
+                             host, prefetch)
+            passes.setdefault((config, prefetch), []).append(record)
+            bar.update(1)
+    bar.close()
+    records = []
+    for (config, prefetch), done in passes.items():
+        seconds = [r["seconds_per_batch"] for r in done]
+        records.append(dict(
+            done[-1], dataset=name, config=config, prefetch=prefetch,
+            seconds_per_batch=statistics.median(seconds),
+            seconds_per_batch_all=seconds,
+            cpu_seconds_per_batch=statistics.median(
+                r["cpu_seconds_per_batch"] for r in done),
+            feature_bytes=facts["feature_bytes"]))
+    base = find(records, name, DGL, None)["seconds_per_batch"]
+    for record in records:
+        record["vs_dgl"] = record["seconds_per_batch"] / base
+    for record in records:
+        if record["config"] == CACHE:
+            none = find(records, name, NONE_DISK, record["prefetch"])
+            record["vs_none"] = record["seconds_per_batch"] / \
+                none["seconds_per_batch"]
+    return records
+
+
+def find(records, dataset, config, prefetch) -> dict:
+    return next(r for r in records if r["dataset"] == dataset and
+                r["config"] == config and r["prefetch"] == prefetch)
+
+
+def targets(records, args) -> list[dict]:
+    rows = []
+    for record in records:
+        label = f"{record['dataset']} prefetch {record['prefetch']}"
+        note = f"built {record['construct_seconds']:.1f} s"
+        if record["config"] == CACHE:
+            rows.append(common.target(
+                1, f"{label}: {CACHE} / {DGL}", record["vs_dgl"], "<=",
+                DGL_RATIO_MAX, note))
+            rows.append(common.target(
+                2, f"{label}: {CACHE} / {NONE_DISK}", record["vs_none"],
+                "<=", CACHE_RATIO_MAX, note))
+        if record["config"] in (COMPLETE, NONE_MEMORY):
+            rows.append(common.target(
+                3, f"{label}: {record['config']} / {DGL}", record["vs_dgl"],
+                "<=", MEMORY_RATIO_MAX, note))
+    return sorted(rows, key=lambda t: t["target"])
+
+
+def report(result: dict) -> str:
+    rows = []
+    for r in result["records"]:
+        stages = r.get("stage_seconds") or {}
+        rows.append([
+            r["dataset"], r["config"], "-" if r["prefetch"] is None
+            else r["prefetch"], r["seconds_per_batch"],
+            r["cpu_seconds_per_batch"], r["vs_dgl"], r.get("vs_none"),
+            stages.get("sample"), stages.get("fetch"), stages.get("wait"),
+            r.get("storage_bytes", 0) / 1e9 if r.get("storage_bytes")
+            else None, r["construct_seconds"]])
+    text = [
+        "# Loader only: hmgraph against DGL's DataLoader", "",
+        f"{result['config']['max_batches']} seeded batches of "
+        f"{result['config']['batch_size']} at fanouts "
+        f"{','.join(map(str, result['config']['fanouts']))}, no model; "
+        f"median of {result['config']['repeats']} interleaved passes "
+        "(seconds per batch, wall and CPU of the whole process). Stage "
+        "seconds per batch are the loader's (sample and fetch run in its "
+        "threads with prefetch > 0; wait is the consumer's). The machine "
+        "is shared: only ratios within this run count.", "",
+        common.environment_text(result["environment"]), "",
+        common.markdown_table(
+            ["dataset", "loader", "prefetch", "s/batch", "CPU s/batch",
+             "/ dgl", "/ none (disk)", "sample", "fetch", "wait",
+             "storage GB", "construct s"], rows), "",
+        "## Targets (issue 33)", "",
+        common.targets_table(result["targets"]), ""]
+    return "\n".join(text)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    result = {"config": common.settings(args),
+              "environment": common.environment(), "records": [],
+              "targets": []}
+    for name in args.datasets:
+        result["records"] += run_dataset(name, args)
+        result["targets"] = targets(result["records"], args)
+        common.write_results(result, report(result), args.out)
+    return common.finish(result, report(result), args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

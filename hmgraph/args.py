@@ -24,10 +24,14 @@ argparse.ArgumentTypeError: '1' is not a number in [0, 1)
 from __future__ import annotations
 
 import argparse
+import math
+import os
+from pathlib import Path
 
 __all__ = [
     "add_workload_arguments",
     "budget_text",
+    "check_out_folder",
     "device_name",
     "fraction",
     "name_list",
@@ -79,14 +83,14 @@ def parse_fanouts(text: str) -> list[int]:
 def _checked(kind, text: str, low, high, closed_high: bool, what: str):
     """``kind(text)`` if it lies in ``[low, high]`` (``[low, high)`` unless
     ``closed_high``; no upper bound if ``high`` is None), else
-    `argparse.ArgumentTypeError` ``'TEXT' is not WHAT``. NaN is outside
-    every range.
+    `argparse.ArgumentTypeError` ``'TEXT' is not WHAT``. NaN and infinity
+    are outside every range.
     """
     try:
         value = kind(text)
     except ValueError:
         value = None
-    inside = value is not None and value >= low and (
+    inside = value is not None and math.isfinite(value) and value >= low and (
         high is None or value < high or (closed_high and value == high))
     if not inside:
         raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
@@ -289,6 +293,35 @@ def name_list(choices=None, check=None):
                 + (f", of {', '.join(choices)}" if choices else ""))
         return [check(item) for item in items] if check else items
     return parse
+
+
+def check_out_folder(out: str, flag: str = "--out") -> None:
+    """Refuse an output folder that cannot be made, before any work.
+
+    Parameters
+    ----------
+    out : str
+        The folder (it need not exist yet).
+    flag : str
+        The option that gave it, for the message.
+
+    Raises
+    ------
+    ValueError
+        ``--out afile is a file; give a folder``, ``--out afile/sub:
+        /abs/afile is a file, not a folder`` or ``--out /ro/x: cannot
+        write under /ro``.
+    """
+    path = Path(out).absolute()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {out} is a file; give a folder")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {out}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {out}: cannot write under {parent}")
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:

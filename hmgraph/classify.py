@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "ClassifyConfig",
     "add_parser",
+    "check_model_memory",
     "code_digest",
     "command",
     "evaluate",
@@ -157,16 +158,55 @@ def _kept_fold(config, fold: int) -> dict | None:
         return None
     try:
         kept = json.loads(path.read_text())
-        settings, record = kept["config"], kept["record"]
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError) as err:
         raise CheckpointError(
             f"fold record {path} cannot be read ({type(err).__name__}); "
             f"delete it or run without --resume") from None
+    wrong = _wrong_fold_field(kept, fold)
+    if wrong:
+        raise CheckpointError(
+            f"fold record {path} is not hmgraph's record of fold {fold} "
+            f"({wrong}); delete it or run without --resume")
+    settings, record = kept["config"], kept["record"]
     check_saved_settings(f"fold record {path}", settings, config, FOLD_KEYS)
     if kept.get("code") != code_digest():
         log.warning("fold record %s was made by other hmgraph code; "
                     "reused as it is", path)
     return record
+
+
+#: Numbers a kept fold's record holds: what the summary, the table and
+#: the grid's selection read.
+_RECORD_NUMBERS = ("best_epoch", "epochs_run", "valid", "valid_loss", "test",
+                   "seconds")
+
+
+def _wrong_fold_field(kept, fold: int) -> str:
+    """What is wrong with the shape of a kept fold's JSON ('' when
+    nothing is)."""
+    if not isinstance(kept, dict):
+        return (f"it holds {'null' if kept is None else _json_kind(kept)}, "
+                f"not an object")
+    for key in ("config", "record"):
+        if not isinstance(kept.get(key), dict):
+            return f"its {key!r} is {_json_kind(kept.get(key))}, not an object"
+    record = kept["record"]
+    if record.get("fold") != fold:
+        return f"its record is of fold {record.get('fold')!r}"
+    for key in _RECORD_NUMBERS:
+        value = record.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"its record's {key!r} is {_json_kind(value)}, not a number"
+    return ""
+
+
+def _json_kind(value) -> str:
+    """``None`` -> ``"missing"``, ``[]`` -> ``"an array"``, ..."""
+    if value is None:
+        return "missing"
+    kinds = {dict: "an object", list: "an array", str: "a string",
+             bool: "a boolean"}
+    return kinds.get(type(value), "a number")
 
 
 def _keep_fold(config, record: dict) -> None:
@@ -335,15 +375,40 @@ def flat_parameters(model: torch.nn.Module) -> torch.nn.Parameter:
     return flat
 
 
-def _train_fold(config, dataset, split, fold, device, bar) -> dict:
+def _build_model(config, dataset) -> torch.nn.Module:
     from hmgraph.models.pooling import build_pooling_model
 
-    seed = config.seed + 1000 * fold
-    torch.manual_seed(seed)
-    model = build_pooling_model(
+    return build_pooling_model(
         config.model, dataset.feat_dim, config.hidden, dataset.num_classes,
         num_levels=config.levels, dropout=config.dropout, ratio=config.ratio,
-        max_nodes=dataset.max_nodes).to(device)
+        max_nodes=dataset.max_nodes)
+
+
+def check_model_memory(config, dataset) -> int:
+    """Refuse a model whose training state does not fit the device's free
+    memory, before a fold trains (see `hmgraph.train.check_model_memory`).
+
+    Returns
+    -------
+    int
+        Bytes of training state.
+
+    Raises
+    ------
+    ValueError
+        ``--hidden 100000000: training the model needs ...; use a smaller
+        --hidden`` (``--hidden`` and ``--levels``, which size the model).
+    """
+    from hmgraph.train import check_model_memory as check
+
+    return check(lambda: _build_model(config, dataset), config.device,
+                 {"--hidden": config.hidden, "--levels": config.levels})
+
+
+def _train_fold(config, dataset, split, fold, device, bar) -> dict:
+    seed = config.seed + 1000 * fold
+    torch.manual_seed(seed)
+    model = _build_model(config, dataset).to(device)
     flat = flat_parameters(model)
     optimizer = torch.optim.Adam([flat], lr=config.lr,
                                  weight_decay=config.weight_decay)
@@ -432,6 +497,7 @@ def run(config: ClassifyConfig, dataset=None) -> dict:
     device = torch.device(config.device)
     if dataset is None:
         dataset = load_graph_dataset(config.dataset, config.root)
+    check_model_memory(config, dataset)
     # (1) Splits: stratified folds, or the official split repeated.
     if dataset.split is not None:
         splits = [dataset.split] * config.folds
@@ -514,13 +580,16 @@ def run_grid(config, grid: list[dict], dataset=None) -> dict:
     """
     if dataset is None:
         dataset = load_graph_dataset(config.dataset, config.root)
+    configs = [dataclasses.replace(
+        config, **overrides,
+        out=str(Path(config.out) / config_name(overrides).replace(" ", "-")))
+        for overrides in grid]
+    for one in configs:  # every configuration fits before the first runs
+        check_model_memory(one, dataset)
     runs = []
-    for overrides in grid:
-        name = config_name(overrides)
-        one = dataclasses.replace(
-            config, **overrides,
-            out=str(Path(config.out) / name.replace(" ", "-")))
-        runs.append(dict(run(one, dataset), name=name, overrides=overrides))
+    for overrides, one in zip(grid, configs, strict=True):
+        runs.append(dict(run(one, dataset), name=config_name(overrides),
+                         overrides=overrides))
     picked = select_per_fold(runs)
     folds = [dict(record, pick=runs[i]["name"]) for record, i in
              zip(picked["records"], picked["chosen"], strict=True)]
@@ -601,7 +670,12 @@ def add_parser(commands):
 
     Returns the new parser; `command` runs it.
     """
-    from hmgraph.args import fraction, non_negative_int, positive_int
+    from hmgraph.args import (
+        device_name,
+        fraction,
+        non_negative_int,
+        positive_int,
+    )
     from hmgraph.models.pooling import POOLING_MODELS
 
     parser = commands.add_parser(
@@ -635,7 +709,7 @@ def add_parser(commands):
     parser.add_argument("--lr", type=float, default=0.001)
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cpu",
+    parser.add_argument("--device", type=device_name, default="cpu",
                         help="cpu, cuda or cuda:N")
     parser.add_argument("--out", default=None,
                         help="output folder (default runs/classify-DATASET-"
@@ -660,6 +734,8 @@ def command(args) -> int:
     ValueError
         A bad value (the CLI prints it as one line).
     """
+    from hmgraph.args import check_out_folder
+
     grid = parse_grid(args.grid) if args.grid else None
     if args.ratio is not None and not 0.0 < args.ratio <= 1.0:
         raise ValueError(f"--ratio {args.ratio}: must be in (0, 1]")
@@ -668,6 +744,8 @@ def command(args) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: no CUDA device here; "
                          f"use --device cpu")
+    out = args.out or f"runs/classify-{args.dataset}-{args.model}"
+    check_out_folder(out)
     config = ClassifyConfig(
         dataset=args.dataset, root=args.root, model=args.model,
         folds=args.folds, max_folds=args.max_folds, epochs=args.epochs,
@@ -675,8 +753,7 @@ def command(args) -> int:
         hidden=args.hidden, levels=args.levels, ratio=args.ratio,
         dropout=args.dropout, lr=args.lr, weight_decay=args.weight_decay,
         seed=args.seed, device=args.device,
-        out=args.out or f"runs/classify-{args.dataset}-{args.model}",
-        progress=not args.no_progress, resume=args.resume,
+        out=out, progress=not args.no_progress, resume=args.resume,
     )
     result = run_grid(config, grid) if grid else run(config)
     print(format_markdown(result), end="")

@@ -13,6 +13,7 @@ import sys
 from hmgraph.args import (
     add_workload_arguments,
     budget_text,
+    check_out_folder,
     device_name,
     fraction,
     name_list,
@@ -275,7 +276,7 @@ def _train_command(args) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise CliError(f"--device {args.device}: no CUDA device here; "
                        f"use --device cpu")
-    _check_out(args.out or f"runs/{args.dataset}-{args.model}")
+    check_out_folder(args.out or f"runs/{args.dataset}-{args.model}")
     config = TrainConfig(
         dataset=args.dataset, root=args.root, model=args.model,
         **settings, runs=args.runs, seed=args.seed, device=args.device,
@@ -298,23 +299,6 @@ def _train_command(args) -> int:
     result = train(config)
     print(format_result(result))
     return 0
-
-
-def _check_out(out: str) -> None:
-    """Refuse an --out that cannot become a folder, before any loading."""
-    import os
-    from pathlib import Path
-
-    path = Path(out).absolute()
-    if path.exists() and not path.is_dir():
-        raise CliError(f"--out {out} is a file; give a folder")
-    parent = path
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise CliError(f"--out {out}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise CliError(f"--out {out}: cannot write under {parent}")
 
 
 def _disk_command(args) -> int:

@@ -48,7 +48,8 @@ def parse_grid(text: str) -> list[dict]:
     ------
     ValueError
         One line naming the bad axis: not ``KEY=V1,V2``, an unknown key, a
-        repeated key or a value its flag would refuse.
+        repeated key, a value its flag would refuse (``lr=inf``) or a value
+        given twice (``batch_size=32,32``: two runs into one folder).
     """
     axes = {}
     for part in filter(None, (p.strip() for p in text.split(";"))):
@@ -60,6 +61,11 @@ def parse_grid(text: str) -> list[dict]:
             axes[key] = [GRID_KEYS[key](v) for v in values.split(",")]
         except argparse.ArgumentTypeError as err:
             raise ValueError(f"grid axis {part!r}: {err}") from None
+        names = [f"{value:g}" for value in axes[key]]
+        twice = next((n for n in names if names.count(n) > 1), None)
+        if twice is not None:
+            raise ValueError(f"grid axis {part!r}: {key}={twice} is given "
+                             f"twice; give each value once")
     return [dict(zip(axes, combo, strict=True))
             for combo in itertools.product(*axes.values())]
 

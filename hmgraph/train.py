@@ -28,9 +28,10 @@ from hmgraph.models.layers import add_gcn_degrees
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LAYOUTS", "CheckpointError", "TrainConfig", "evaluate",
-           "make_loader", "make_sampler", "peak_rss_bytes", "resolve_eval",
-           "resolve_layout", "train", "working_set_bytes"]
+__all__ = ["LAYOUTS", "CheckpointError", "TrainConfig",
+           "check_model_memory", "evaluate", "make_loader", "make_sampler",
+           "peak_rss_bytes", "resolve_eval", "resolve_layout", "train",
+           "working_set_bytes"]
 
 # Settings a checkpoint must share with the run that resumes it.
 _CHECKPOINT_KEYS = (
@@ -49,6 +50,63 @@ _PROFILE_SEED_OFFSET = 7919
 
 class CheckpointError(ValueError):
     """A checkpoint cannot be resumed; the message says which setting."""
+
+
+#: Copies of every parameter while training with Adam: the weights, their
+#: gradients and Adam's two moment estimates.
+_TRAINING_COPIES = 4
+
+
+def check_model_memory(build, device, sizes: dict) -> int:
+    """Refuse a model whose training state does not fit in ``device``'s
+    free memory, before any of it is allocated.
+
+    The model is built on PyTorch's ``meta`` device (shapes, no memory)
+    to count its parameters; training holds `_TRAINING_COPIES` of them
+    (weights, gradients, Adam's two moments) besides its buffers.
+
+    Parameters
+    ----------
+    build : callable
+        ``() -> torch.nn.Module``, the model as training builds it.
+    device : torch.device or str
+        Where it would train (``cpu``: host memory).
+    sizes : dict of str to int
+        The flags that size the model and their values, named in the
+        error, e.g. ``{"--hidden": 100000000}``.
+
+    Returns
+    -------
+    int
+        Bytes of training state (0 where the model cannot be built on
+        the meta device, and so is not checked).
+
+    Raises
+    ------
+    ValueError
+        ``--hidden 100000000: training the model needs 320000.4 TB
+        (weights, gradients, Adam state), more than the 20.1 GB free on
+        cpu; use a smaller --hidden``.
+    """
+    from hmgraph.cache.budget import available_bytes, format_bytes
+
+    try:
+        with torch.device("meta"):
+            model = build()
+    except (NotImplementedError, RuntimeError):  # an op with no meta kernel
+        return 0
+    need = sum(_TRAINING_COPIES * p.numel() * p.element_size()
+               for p in model.parameters()) + sum(
+        b.numel() * b.element_size() for b in model.buffers())
+    free = available_bytes(device)
+    if need > free:
+        given = " ".join(f"{flag} {value}" for flag, value in sizes.items())
+        raise ValueError(
+            f"{given}: training the model needs {format_bytes(need)} "
+            f"(weights, gradients, Adam state), more than the "
+            f"{format_bytes(free)} free on {torch.device(device)}; use a "
+            f"smaller {' or '.join(sizes)}")
+    return need
 
 
 @dataclass
@@ -198,6 +256,8 @@ def train(config: TrainConfig, dataset=None) -> dict:
         dataset = datasets.load(config.dataset, config.root, config.verify,
                                 features_on=config.features_on,
                                 progress=config.progress)
+    check_model_memory(lambda: _build_model(config, dataset), config.device,
+                       _model_sizes(config))
     out = Path(config.out)
     checkpoint_path = out / "checkpoint.pt"
     state = _load_checkpoint(checkpoint_path, config) if config.resume \
@@ -627,12 +687,7 @@ def _train_run(config, dataset, loader, run, state, device, checkpoint_path,
                completed, eval_mode) -> dict:
     seed = config.seed + 1000 * run
     torch.manual_seed(seed)
-    model = build_model(
-        config.model, dataset.feat_dim, config.hidden, dataset.num_classes,
-        num_layers=config.layers, dropout=config.dropout,
-        num_heads=config.num_heads, input_dropout=config.input_dropout,
-        attn_dropout=config.attn_dropout,
-    ).to(device)
+    model = _build_model(config, dataset).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr,
                                  weight_decay=config.weight_decay)
     record = {"run": run, "epochs": [], "best_epoch": -1,
@@ -661,6 +716,23 @@ def _train_run(config, dataset, loader, run, state, device, checkpoint_path,
         _save_checkpoint(checkpoint_path, config, model, optimizer, record,
                          completed)
     return record
+
+
+def _build_model(config, dataset) -> torch.nn.Module:
+    return build_model(
+        config.model, dataset.feat_dim, config.hidden, dataset.num_classes,
+        num_layers=config.layers, dropout=config.dropout,
+        num_heads=config.num_heads, input_dropout=config.input_dropout,
+        attn_dropout=config.attn_dropout,
+    )
+
+
+def _model_sizes(config) -> dict:
+    """The flags that size the model, for `check_model_memory`."""
+    sizes = {"--hidden": config.hidden}
+    if config.model == "gat":
+        sizes["--num-heads"] = config.num_heads
+    return sizes
 
 
 def _train_epoch(config, model, optimizer, loader, run, epoch) -> dict:

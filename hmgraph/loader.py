@@ -34,11 +34,11 @@ from hmgraph import dglbatch
 from hmgraph.cache.coordinated import CacheStats, FeatureCache
 from hmgraph.cache.feature import Feature, TensorFeature
 from hmgraph.cache.plan import (
-    STAGING_COVERAGE_MAX,
+    STAGING_ROW_SHARE_MAX,
     CachePlan,
-    block_coverage,
     build_cache,
     make_plan,
+    row_share,
 )
 from hmgraph.cache.policies import layer_aware_score
 from hmgraph.cache.reuse import REUSE_LEVELS, BatchReuse
@@ -259,10 +259,10 @@ class DataLoader:
     staging : float, optional
         Share of the host budget for window read planning (default
         `STAGING_SHARE` with the storage tier and lookahead, else 0; and
-        0 where profiled batches each read over
-        `hmgraph.cache.plan.STAGING_COVERAGE_MAX` of the file's blocks,
-        since rows brought along would then lie on blocks their batches
-        read anyway). A share given here is used as given.
+        0 where a profiled batch asks for over
+        `hmgraph.cache.plan.STAGING_ROW_SHARE_MAX` of the rows, since
+        staging could hold little of the batches ahead). A share given
+        here is used as given.
     profile : hmgraph.samplers.presample.Profile, optional
         A profile of this loader's batches, used instead of profiling.
     **kwargs
@@ -522,19 +522,18 @@ class DataLoader:
 
     def _staging_pays(self, source) -> bool:
         """Whether window read planning can save reads on this workload:
-        not where profiled batches read most of the file's blocks anyway
-        (`hmgraph.cache.plan.block_coverage`); said in one log line."""
-        if self.profile is None or not hasattr(source, "geometry"):
+        not where a profiled batch asks for most rows of the graph
+        (`hmgraph.cache.plan.STAGING_ROW_SHARE_MAX`); said in one log
+        line."""
+        if self.profile is None:
             return True
-        coverage = block_coverage(
-            self.profile.trace, source.num_rows, *source.geometry,
-            source.max_gap_blocks)
-        if coverage <= STAGING_COVERAGE_MAX:
+        share = row_share(self.profile.trace, source.num_rows)
+        if share <= STAGING_ROW_SHARE_MAX:
             return True
-        log.info("window read planning off: a profiled batch reads %.0f%% "
-                 "of the feature file's blocks, so rows brought along would "
-                 "lie on blocks their batches read anyway (staging=%g "
-                 "forces it)", 100 * coverage, STAGING_SHARE)
+        log.info("window read planning off: a profiled batch asks for "
+                 "%.0f%% of the rows, more than staging could hold for the "
+                 "batches ahead (staging=%g forces it)", 100 * share,
+                 STAGING_SHARE)
         return False
 
     def _hotness(self) -> torch.Tensor | None:

@@ -146,41 +146,41 @@ def test_layouts_the_engine_does_not_serve_read_through_the_reference(
     assert cache._compiled is None
 
 
-def test_block_coverage_tells_dense_batches_from_sparse_ones():
-    from hmgraph.cache.plan import block_coverage
+def test_row_share_is_the_mean_share_of_rows_a_batch_asks_for():
+    from hmgraph.cache.plan import row_share
 
-    # 1000 rows of 400 B: about ten rows to a 4 KiB block.
-    every_fifth = [torch.arange(0, 1000, 5)]
-    assert block_coverage(every_fifth, 1000, 400, 4096, 4096, 0) == \
-        pytest.approx(1.0, abs=0.02)
-    one_block = [torch.arange(10)]
-    assert block_coverage(one_block, 1000, 400, 4096, 4096, 0) < 0.02
-    assert block_coverage([], 1000, 400, 4096, 4096, 0) == 0.0
+    trace = [torch.arange(100), torch.arange(300)]
+    assert row_share(trace, 1000) == pytest.approx(0.2)
+    assert row_share([], 1000) == 0.0
 
 
-@pytest.mark.parametrize("fanouts,staged", [([2], True), ([10, 10], False)],
+@pytest.mark.parametrize("batch_size,staged", [(8, True), (512, False)],
                          ids=["sparse", "dense"])
 def test_window_read_planning_is_off_where_it_cannot_save_reads(
-        data_root, fanouts, staged, caplog):
-    """synth-tiny: batches of 8 seeds at one hop of 2 read a few percent
-    of the file's blocks, and staging is planned; at 10,10 a batch reads
-    most blocks, so rows brought along would sit on blocks read anyway:
-    no staging, said in the log. An explicit share is kept."""
+        data_root, batch_size, staged, caplog):
+    """synth-tiny at fanouts 10,10: batches of 8 seeds ask for a few
+    percent of the rows, and staging is planned; batches of 512 ask for
+    most of them, so staging could hold little of the batches ahead: no
+    staging, said in the log. An explicit share is kept."""
     import logging
 
     import dgl
 
     from hmgraph import DataLoader, datasets
+    from hmgraph.cache.plan import row_share
 
     data = datasets.load("synth-tiny", data_root, features_on="disk")
-    sampler = dgl.dataloading.NeighborSampler(fanouts)
+    sampler = dgl.dataloading.NeighborSampler([10, 10])
     budget = data.feature_bytes // 5
-    options = dict(features=data.feature_path, batch_size=8, cache="hmgraph",
-                   host_budget_bytes=budget, profile_batches=8, seed=0)
-    seeds = data.split["train"][:64]
+    options = dict(features=data.feature_path, batch_size=batch_size,
+                   cache="hmgraph", host_budget_bytes=budget,
+                   profile_batches=4, seed=0)
+    seeds = data.split["train"][:4 * batch_size]
     with caplog.at_level(logging.INFO, logger="hmgraph.loader"):
         loader = DataLoader(data.graph, seeds, sampler, **options)
     loader.close()
+    share = row_share(loader.profile.trace, data.num_nodes)
+    assert (share < 0.1) if staged else (share > 0.5)
     assert (loader.plan.staging_rows > 0) == staged
     assert ("window read planning off" in caplog.text) == (not staged)
     forced = DataLoader(data.graph, seeds, sampler, staging=0.5, **options)

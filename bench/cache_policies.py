@@ -97,8 +97,9 @@ def run_dgl(dataset, seeds, args, memmap: bool) -> dict:
     """One epoch of `common.dgl_epoch`, in memory or over the memmap; no
     ``policy``, ``host_budget``, ``belady`` or ``staging_rows``."""
     config = FLOOR if memmap else IN_MEMORY
-    run, = common.dgl_baseline(dataset, args, "memmap" if memmap else
-                               "memory", seeds=seeds, desc=config)
+    run, alone = common.dgl_baseline(
+        dataset, args, "memmap" if memmap else "memory", seeds=seeds,
+        desc=config, loader_only=True)
     useful = run["input_bytes"]
     return {
         "config": config, "kind": "dgl", "layout": "file",
@@ -109,6 +110,7 @@ def run_dgl(dataset, seeds, args, memmap: bool) -> dict:
                     "source": "psutil io_counters read_bytes"}
         if memmap else None,
         "host_to_device_bytes": useful, "seconds": run["seconds"],
+        "loader_only_seconds": alone["seconds"]["epoch"],
         "construct_seconds": 0.0, "layout_seconds": 0.0,
         "mean_loss": run["mean_loss"],
         "peak_rss_mb": common.peak_rss_bytes() / 2**20,
@@ -126,7 +128,7 @@ def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
         trace=True, shuffle=True, cache=policy,
         device_budget_bytes=device_budget, host_budget_bytes=host_budget,
         prefetch=PREFETCH, window=WINDOW, profile_batches=PROFILE_BATCHES,
-        staging=args.staging)
+        staging=args.staging, loader_only=True)
     plan, trace = run["loader"].plan, run["loader"].trace
     belady = belady_hit_rate(trace, plan.num_rows,
                              plan.device_rows + plan.host_rows, memo)
@@ -142,6 +144,7 @@ def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
         "storage": stats.get("storage"), "staging_rows": plan.staging_rows,
         "host_to_device_bytes": cache["bytes"].get("host->device", 0),
         "seconds": run["seconds"],
+        "loader_only_seconds": run["loader_only"]["seconds"]["epoch"],
         "construct_seconds": run["construct_seconds"],
         "layout_seconds": layout["seconds"],
         "warm_storage": run["warm_storage"],
@@ -182,12 +185,16 @@ def add_ratios(records: list[dict], epochs: int) -> None:
     base = {r["config"]: r["seconds"]["epoch"] for r in records
             if r["kind"] == "dgl"}
     memory, floor = base.get(IN_MEMORY), base.get(FLOOR)
+    alone = next((r.get("loader_only_seconds") for r in records
+                  if r["config"] == IN_MEMORY), None)
     none = {r["layout"]: r["storage"]["bytes_read"] for r in records
             if r.get("policy") == "none" and r["storage"]}
     for r in records:
         epoch = r["seconds"]["epoch"]
         built = r["construct_seconds"] + r["layout_seconds"]
         r["vs_in_memory"] = memory and epoch / memory
+        r["loader_only_vs_in_memory"] = alone and \
+            r.get("loader_only_seconds") and r["loader_only_seconds"] / alone
         r["vs_in_memory_amortized"] = common.amortized(built, epoch, memory,
                                                        epochs)
         r["vs_memmap_floor"] = floor and epoch and floor / epoch
@@ -262,7 +269,8 @@ def report(result: dict) -> str:
                                                "source")),
             b and 100 * b["hit_rate"], r.get("storage_rows_vs_belady"),
             r["host_to_device_bytes"] / 1e9, r["seconds"]["epoch"],
-            r.get("vs_in_memory"), r.get("vs_memmap_floor"),
+            r.get("vs_in_memory"), r.get("loader_only_seconds"),
+            r.get("loader_only_vs_in_memory"), r.get("vs_memmap_floor"),
             None if r["kind"] == "dgl" else
             f"{r['layout_seconds']:.1f} + {r['construct_seconds']:.1f}",
             r.get("vs_in_memory_amortized")])
@@ -298,7 +306,8 @@ def report(result: dict) -> str:
              "host hit % (rows)", "staged hit % (rows)",
              "storage hit % (rows)", "Belady hit %",
              "storage rows vs Belady (x)", "host->device GB", "epoch s",
-             "vs in-memory (x)", "vs memmap floor (x faster)",
+             "vs in-memory (x)", "loader only s",
+             "loader only vs in-memory's (x)", "vs memmap floor (x faster)",
              "build s (layout + loader)",
              f"vs in-memory amortized over {epochs} epochs (x)"], rows), "",
         "Columns explained in bench/README.md (cache_policies.py)."

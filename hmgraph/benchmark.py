@@ -786,14 +786,16 @@ def seeded_subset(seeds, max_batches: int | None, batch_size: int,
 
 
 def loader_epoch(dataset, seeds, args, desc: str, trace: bool = False,
-                 **options) -> dict:
+                 loader_only: bool = False, **options) -> dict:
     """One training epoch of an `hmgraph.DataLoader` over the dataset's
     feature file (DGL's ``NeighborSampler``, ``options`` passed on),
     construction timed apart; every run samples the same batches.
 
     Returns `hmgraph_epoch`'s record and ``construct_seconds``,
     ``warm_storage`` (the static fill's reads), ``source`` (the storage
-    tier) and the closed ``loader`` (its ``plan``, ``trace``).
+    tier) and the closed ``loader`` (its ``plan``, ``trace``); with
+    ``loader_only``, ``loader_only``: `hmgraph_epoch`'s record of the
+    same batches again with no model (the cache as training left it).
     """
     import dgl
 
@@ -813,6 +815,12 @@ def loader_epoch(dataset, seeds, args, desc: str, trace: bool = False,
         dgl.seed(args.seed)  # every configuration samples the same batches
         loader.trace = [] if trace else None
         run = hmgraph_epoch(loader, model, optimizer, desc=desc)
+        if loader_only:  # the same batches again, no model
+            trace_kept, loader.trace = loader.trace, None
+            dgl.seed(args.seed)
+            loader.set_epoch(0)
+            run["loader_only"] = hmgraph_epoch(loader, desc=desc + " alone")
+            loader.trace = trace_kept
     finally:
         loader.close()
     return dict(run, construct_seconds=construct, warm_storage=warm,

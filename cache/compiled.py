@@ -174,6 +174,42 @@ class CompiledRead:
         stats.seconds += time.perf_counter() - start
         return out
 
+    def frozen_read(self, ids: torch.Tensor, stats) -> torch.Tensor | None:
+        """`FrozenView`'s read: rows of unique ``ids`` from the layer's
+        stores (not staging) and the source, nothing decided or moved,
+        counted in ``stats``; None when an id repeats."""
+        cache = self.cache
+        start = time.perf_counter()
+        ids_np = ids.numpy()
+        store = np.full(len(ids_np), -1, dtype=np.int8)
+        slot = np.empty(len(ids_np), dtype=np.int64)
+        if self.stores:
+            engine.lookup(ids_np, self.table, self.low, self.high, 0, store,
+                          slot)
+            if engine.count_repeats(store, slot, self.seen[:len(
+                    self.stores)], self._stamp()).any():
+                return None
+        missing = np.flatnonzero(store < 0)
+        missing = missing[engine.argsort(ids_np[missing], cache.num_rows)]
+        missed = ids_np[missing]
+        if len(missed) > 1 and bool((missed[1:] == missed[:-1]).any()):
+            return None
+        out = self.pool.empty(len(ids_np))
+        out_rows = engine.byte_rows(out)
+        found = engine.gather(store, slot, self.buffers, out_rows) \
+            if self.buffers else np.zeros(0, dtype=np.int64)
+        if len(missed):
+            self._read_source(missed, missing, out, out_rows, _EMPTY)
+            _add(stats.bytes, "storage->host", cache.row_bytes * len(missed))
+        for number, store_ in enumerate(self.stores):
+            if found[number]:
+                _add(stats.hits, store_.name, int(found[number]))
+        _add(stats.hits, "source", len(missed))
+        stats.requests += 1
+        stats.rows_requested += len(ids_np)
+        stats.seconds += time.perf_counter() - start
+        return out
+
     def read(self, ids: torch.Tensor, future) -> torch.Tensor | None:
         """Rows of unique ``ids`` through the cache; None when an id
         repeats (the caller then reads the unique ids)."""

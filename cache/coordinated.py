@@ -556,6 +556,17 @@ class FrozenView(Feature):
     def _read(self, ids: torch.Tensor) -> torch.Tensor:
         if self.cache.complete:
             return self.cache._gather_held(ids, self.stats)
+        reader = self.cache._compiled
+        if reader is not None:
+            with self.cache._lock:  # the stamps and buffers are shared
+                out = reader.frozen_read(ids, self.stats)
+                if out is None:  # an id asked twice: each row read once
+                    unique, inverse = np.unique(ids.numpy(),
+                                                return_inverse=True)
+                    out = reader.frozen_read(torch.from_numpy(unique),
+                                             self.stats).index_select(
+                        0, torch.from_numpy(inverse))
+            return out
         start = time.perf_counter()
         unique, out, where, inverse = _request(ids, self)
         pending = torch.arange(unique.numel())

@@ -210,3 +210,32 @@ def test_a_batch_buffer_is_reused_only_once_nobody_holds_it():
     assert fourth.shape == (80, 4)
     pointers = {base.data_ptr() for base, _ in pool._buffers}
     assert fourth.data_ptr() in pointers  # memory reused
+
+
+@pytest.mark.parametrize("kind", SOURCES)
+@pytest.mark.parametrize("policy", ["hmgraph", "presample"])
+def test_frozen_views_read_alike_through_both_engines(policy, kind, rows,
+                                                      feature_path):
+    """Evaluation reads (`FrozenView`) after a trace: same rows, same
+    counters, and the cache left exactly as it was."""
+    from hmgraph.cache.coordinated import FrozenView
+
+    caches = pair(policy, BUDGETS["small"], kind, rows, feature_path)
+    try:
+        run_trace(caches, recorded_trace(seed=3, batches=5), rows)
+        def held(cache):  # what the stores and the policy hold
+            return {k: v for k, v in state(cache).items() if k != "storage"}
+
+        before = [held(cache) for cache in caches]
+        views = [FrozenView(cache) for cache in caches]
+        for ids in ([5, 1, 5, 300, 2], list(range(0, 600, 7)), []):
+            got = [view.read(torch.tensor(ids, dtype=torch.int64))
+                   for view in views]
+            for out in got:
+                assert out.numpy().tobytes() == rows[ids].tobytes()
+        assert views[0].stats.as_dict() | {"seconds": 0} == \
+            views[1].stats.as_dict() | {"seconds": 0}
+        assert [held(cache) for cache in caches] == before
+    finally:
+        for cache in caches:
+            cache.close()

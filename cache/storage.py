@@ -621,6 +621,11 @@ class StorageFeature(Feature):
         self._pool.shutdown(wait=True)  # no read touches the fd after this
         os.close(self._fd)
         self._fd = -1
+        self._rows.clear()
+
+    def release_buffers(self) -> None:
+        """See `Feature.release_buffers`."""
+        self._rows.clear()
 
     def __del__(self):
         try:

@@ -663,6 +663,7 @@ class DataLoader:
                 batch = next(ready, None)
                 self.stats.seconds["wait"] += time.perf_counter() - start
                 if batch is None:
+                    self._release_buffers()
                     release_freed_memory()
                     return
                 yield self._finish(batch)
@@ -784,6 +785,17 @@ class DataLoader:
         if not self.other_storages:
             return batch
         return recursive_apply(batch, resolve)
+
+    def _release_buffers(self) -> None:
+        """Batch buffers kept for reuse go at an epoch's end, through
+        every tier of every cached feature (`Feature.release_buffers`)."""
+        for feature in self.features.values():
+            seen = set()
+            while feature is not None and id(feature) not in seen:
+                seen.add(id(feature))
+                feature.release_buffers()
+                feature = getattr(feature, "inner", None) or getattr(
+                    feature, "source", None)
 
     def close(self) -> None:
         """Release the feature sources (files, threads)."""

@@ -239,3 +239,35 @@ def test_frozen_views_read_alike_through_both_engines(policy, kind, rows,
     finally:
         for cache in caches:
             cache.close()
+
+
+def test_batch_buffers_are_let_go_at_an_epochs_end(data_root):
+    """Within an epoch the cache's batches land in reused buffers; when
+    the epoch ends none is kept, through every tier."""
+    import dgl
+
+    from hmgraph import DataLoader, datasets
+
+    data = datasets.load("synth-tiny", data_root, features_on="disk")
+    loader = DataLoader(
+        data.graph, data.split["train"][:512],
+        dgl.dataloading.NeighborSampler([5, 5]), batch_size=64,
+        features=data.feature_path, cache="hmgraph",
+        host_budget_bytes=data.feature_bytes // 5, seed=0)
+    from hmgraph.cache.storage import StorageFeature
+
+    pool = loader.cache._compiled.pool
+    pointers = set()
+    file = StorageFeature(data.feature_path)
+    try:
+        for batch in loader:
+            assert torch.equal(batch.x, file.read(batch.input_nodes))
+            pointers.add(batch.x.data_ptr())
+            del batch
+            assert len(pool._buffers) <= pool.size
+        assert len(pointers) < len(loader)  # memory was reused
+        assert pool._buffers == []
+        assert loader.cache.source._rows._buffers == []
+    finally:
+        loader.close()
+        file.close()

@@ -79,6 +79,8 @@ def run_config(dataset, seeds, args, order, config, reuse, cache,
         else stats["rows_requested"] * plan["row_bytes"],
         "storage": stats.get("storage"), "warm_storage": run["warm_storage"],
         "reuse_stats": reused, "reuse_rate": reused and reused["reuse_rate"],
+        # `BatchReuse.engine`: compiled kernels on a CPU device.
+        "reuse_engine": reused and run["loader"].feature.engine,
         "dedup_share_percent": reused and 100.0 * reused["seconds"] / epoch,
         "seconds": run["seconds"], "mean_loss": run["mean_loss"],
         "construct_seconds": run["construct_seconds"], "plan": plan,
@@ -142,6 +144,8 @@ def report(result: dict) -> str:
         f"{r['order']} {r['config']} {r['reuse_bytes_peak'] / 1e6:.1f} of "
         f"{r['plan']['reuse_bytes'] / 1e6:.1f} MB" for r in records
         if r["reuse_bytes_peak"] is not None)
+    engines = ", ".join(sorted({r["reuse_engine"] for r in records
+                                if r.get("reuse_engine")}))
     cap = "" if c["max_batches"] is None else \
         f", capped at {c['max_batches']} batches"
     return "\n".join([
@@ -160,7 +164,8 @@ def report(result: dict) -> str:
         "rows. H2D: rows not served on the device. Storage: feature file "
         "bytes read in the epoch (static fill: `warm_storage`). Reuse work:"
         " batch reuse's time but the reads below it, in the fetch thread, "
-        "over the epoch. Construct: profiling, plan, static fill; "
+        f"over the epoch (engine: {engines or '-'}). Construct: profiling, "
+        "plan, static fill; "
         "amortized: (construct + N x epoch) / (N x no reuse's epoch), N = "
         f"{c['amortize_epochs']}.", "",
         f"Reuse buffers, most held after a batch, of what the plan "

@@ -35,6 +35,16 @@ The tables take 12 bytes per node of device memory, which the plan
 charges to the device budget (`TABLE_BYTES_PER_ROW`). The buffers hold
 at most ``capacity_rows`` rows per level, so the device memory they take
 never exceeds what the plan reserved.
+
+On a CPU device a batch is read by compiled kernels
+(`hmgraph.cache.reuse_engine`, ``engine="compiled"``): one loop per pass
+over the batch (the table's three entries of an id read in one), with
+the GIL released; scratch is kept from batch to batch, the batch's memory
+is taken again once the caller let go of it (`BufferPool`), and the only
+fresh buffer is the ids asked of the cache below. The tensor code
+(``engine="torch"``) serves CUDA devices and is the reference the
+compiled path is tested against: the same rows and counters after every
+batch.
 """
 
 from __future__ import annotations
@@ -43,11 +53,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
+from hmgraph.cache import reuse_engine
+from hmgraph.cache.buffers import BufferPool
+from hmgraph.cache.engine import byte_rows
 from hmgraph.cache.feature import Feature, check_ids
 
-__all__ = ["REUSE_LEVELS", "TABLE_BYTES_PER_ROW", "BatchReuse",
+__all__ = ["ENGINES", "REUSE_LEVELS", "TABLE_BYTES_PER_ROW", "BatchReuse",
            "ReuseStats", "member", "reuse_profile"]
 
 REUSE_LEVELS = {"none": 0, "one-level": 1, "two-level": 2}
@@ -55,9 +69,14 @@ REUSE_LEVELS = {"none": 0, "one-level": 1, "two-level": 2}
 #: batch, lookahead stamp).
 TABLE_BYTES_PER_ROW = 12
 _NEVER = -(2**31)  # the batch counter of rows never stored
-_RESIDENT = 2**31 - 1  # ... of rows the cache below holds on the device
+_RESIDENT = reuse_engine.RESIDENT  # ... of rows the cache below holds on
+# the device (2**31 - 1)
 _WRAP = 2**29  # restart the counter (and clear the tables) here: stamps
 # are 4 x the counter
+#: How batch reuse reads a batch: compiled kernels (CPU devices), or the
+#: tensor code they are tested against (the reference; CUDA devices).
+ENGINES = ("compiled", "torch")
+_SCRATCH = 6  # int64 rows of scratch per batch row (compiled engine)
 
 
 def member(ids: torch.Tensor, sorted_ids: torch.Tensor):
@@ -154,8 +173,10 @@ class ReuseStats:
         Most device bytes the buffers and the id table held after a read.
     staging_bytes : int
         Device bytes of the staging the rows asked of the cache below pass
-        through (as many as the most one batch asked; without reuse the
-        batch's own rows).
+        through (as many as the most one batch asked, grown by a quarter
+        when short; without reuse the batch's own rows). The compiled
+        engine keeps no staging of its own: the rows pass through the
+        cache below's own tensor, at most this size.
     """
 
     rows_requested: int = 0
@@ -202,6 +223,11 @@ class BatchReuse(Feature):
     capacity_rows : int
         Rows each level's buffer may hold (device memory reserved by the
         plan).
+    engine : str
+        ``"compiled"`` (default): kernels of `hmgraph.cache.reuse_engine`
+        where the device is a CPU, else the tensor code; ``"torch"``: the
+        tensor code (the reference). The attribute `engine` says which
+        one reads.
 
     Notes
     -----
@@ -216,14 +242,20 @@ class BatchReuse(Feature):
     copied after the ring (staging), so that one gather from ring and
     staging builds the batch: no scatter, and no fresh buffer but the
     batch itself (on the CPU a fresh buffer costs a page fault per 4 KiB).
+    The compiled engine needs no staging: one kernel builds the batch,
+    in order, from the ring and the rows the cache below returned.
     """
 
-    def __init__(self, inner: Feature, levels: int, capacity_rows: int):
+    def __init__(self, inner: Feature, levels: int, capacity_rows: int,
+                 engine: str = "compiled"):
         if levels not in (1, 2):
             raise ValueError(f"reuse levels must be 1 or 2, got {levels}")
         if capacity_rows < 0:
             raise ValueError(
                 f"capacity_rows must be >= 0, got {capacity_rows}")
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; available: "
+                             f"{', '.join(ENGINES)}")
         self.inner = inner
         self.levels = levels
         self.capacity_rows = capacity_rows
@@ -232,16 +264,25 @@ class BatchReuse(Feature):
         self.dtype = inner.dtype
         self.device = inner.device
         self.stats = ReuseStats()
-        # Per node: the batch it was last stored in, and its row there.
-        self._batch_of = torch.empty(self.num_rows, dtype=torch.int32,
-                                     device=self.device)
-        self._row_of = torch.zeros(self.num_rows, dtype=torch.int32,
-                                   device=self.device)
-        # Per node: the last (batch, distance) stamp of the lookahead.
-        self._stamp = torch.empty(self.num_rows, dtype=torch.int32,
+        # Per node: the batch it was last stored in, its row there, and
+        # the last (batch, distance) stamp of the lookahead; one entry of
+        # 12 bytes per node (one cache line for the three).
+        self._table = torch.zeros((self.num_rows, 3), dtype=torch.int32,
                                   device=self.device)
+        self._batch_of, self._row_of, self._stamp = self._table.unbind(1)
         self._pool = torch.empty((0, *self.row_shape), dtype=self.dtype,
                                  device=self.device)
+        #: ``"compiled"`` on a CPU device (unless ``engine="torch"``), else
+        #: ``"torch"``.
+        self.engine = "compiled" if engine == "compiled" and \
+            self.device.type == "cpu" else "torch"
+        if self.engine == "compiled":
+            self._table_np = self._table.numpy()
+            self._batches = BufferPool(self.row_shape, self.dtype)
+            self._scratch = np.empty((_SCRATCH, 0), dtype=np.int64)
+            self._no_rows = np.zeros((0, self.row_bytes), dtype=np.uint8)
+            self._passes = reuse_engine.radix_passes(self.num_rows)
+            self._staged_rows = 0  # the staging the reference would hold
         self.reset()
 
     @property
@@ -281,7 +322,10 @@ class BatchReuse(Feature):
     @property
     def staging_bytes(self) -> int:
         """Device bytes of the staging after the ring: the most rows one
-        batch asked of the cache below (transient rows without reuse)."""
+        batch asked of the cache below (transient rows without reuse).
+        The compiled engine counts what the reference would hold."""
+        if self.engine == "compiled":
+            return self._staged_rows * self.row_bytes
         rows = max(0, self._pool.shape[0] - self.ring_rows)
         return rows * self.row_bytes
 
@@ -302,6 +346,8 @@ class BatchReuse(Feature):
         return positions.remainder_(max(1, self.ring_rows))
 
     def _read(self, ids, future=()) -> torch.Tensor:
+        if self.engine == "compiled":
+            return self._read_compiled(ids, future)
         # Everything but the inner read counts in `stats.seconds`: the
         # lookups, the row copies, keeping the batch, and moving the ids
         # of the rest to the host (a sync on CUDA).
@@ -421,6 +467,87 @@ class BatchReuse(Feature):
             rest = keep.numel() - first
             torch.index_select(out, 0, keep[first:],
                                out=self._pool[:rest])
+
+    def _read_compiled(self, ids, future=()) -> torch.Tensor:
+        """`_read` through the kernels of `hmgraph.cache.reuse_engine`:
+        the same decisions, rows and counters in fewer passes."""
+        began = time.perf_counter()
+        ids_np = ids.numpy()
+        count = len(ids_np)
+        source, rest, where, keys, spare, keep = self._scratch_rows(count)
+        table = self._table_np
+        # (1) Stamp the coming batches' ids, the nearest last so that it
+        # wins (as `_keep`); then one pass finds the rows the levels hold
+        # and the rows the batch keeps.
+        stamp = self._batch * 4
+        coming = list(future)[:self.levels] if len(future) else []
+        for distance in reversed(range(len(coming))):
+            reuse_engine.stamp_ids(table, coming[distance].numpy(),
+                                   stamp - distance)
+        older, head = (0, 0, 0), 0
+        if self.levels == 2:
+            start, kept, _ = self._levels[0]
+            older = (start, kept, min(kept, self._next_only))
+            head = (start + kept) % max(1, self.ring_rows)
+        (start1, _, first1), (start2, _, first2) = self._levels
+        level1, level2, missing, kept, next_only = reuse_engine.scan_batch(
+            ids_np, table, self._batch, self.levels, start1, first1, start2,
+            first2, max(1, self.ring_rows), stamp, len(coming),
+            self.ring_rows - (older[1] - older[2]), source, rest, keep, keys)
+        reused = self.stats.reused
+        reused["level1"] += level1
+        reused["level2"] += level2
+        self.stats.bytes_saved += (level1 + level2) * self.row_bytes
+        # (2) The rest from the cache below, asked in sorted order. Should
+        # it fail, only the stamps moved: they choose what a batch keeps,
+        # never which rows it reads.
+        inner, rows = 0.0, self._no_rows
+        if missing:
+            wanted = np.empty(missing, dtype=np.int64)
+            reuse_engine.sort_rest(ids_np, rest, missing, self._passes,
+                                   wanted, source, where, keys, spare)
+            start = time.perf_counter()
+            rows = self.inner.read(torch.from_numpy(wanted), future)
+            inner = time.perf_counter() - start
+            rows = byte_rows(rows)
+            if self._staged_rows < missing:
+                self._staged_rows = missing + missing // 4
+        # (3) One pass builds the batch from the ring and those rows; (4)
+        # the rows kept are copied into the ring.
+        copy = time.perf_counter()
+        out = self._batches.empty(count)
+        out_rows = byte_rows(out)
+        ring = self._ring()
+        reuse_engine.gather_batch(source[:count], ring, rows, out_rows)
+        del rows
+        reuse_engine.write_ring(ids_np, out_rows, keep, kept, ring, head,
+                                table, self._batch)
+        self.stats.copy_seconds += time.perf_counter() - copy
+        self._levels = [(head, kept, 0), older]
+        self._next_only = next_only
+        self._batch += 1
+        if self._batch >= _WRAP:
+            self.reset()
+        self.stats.rows_requested += count
+        self.stats.peak_bytes = max(self.stats.peak_bytes, self.nbytes)
+        self.stats.staging_bytes = self.staging_bytes
+        self.stats.seconds += time.perf_counter() - began - inner
+        return out
+
+    def _scratch_rows(self, count: int) -> np.ndarray:
+        """`_SCRATCH` int64 rows of at least ``count`` entries, reused from
+        batch to batch (grown by a quarter more than asked when short)."""
+        if self._scratch.shape[1] < count:
+            self._scratch = np.empty((_SCRATCH, count + count // 4),
+                                     dtype=np.int64)
+        return self._scratch
+
+    def _ring(self) -> np.ndarray:
+        """The ring's rows as bytes (allocated on first use)."""
+        if self._pool.shape[0] < self.ring_rows:
+            self._pool = torch.empty((self.ring_rows, *self.row_shape),
+                                     dtype=self.dtype)
+        return byte_rows(self._pool[:self.ring_rows])
 
     def close(self) -> None:
         """Close the inner feature."""

@@ -19,6 +19,7 @@ from hmgraph.cache.feature import TensorFeature
 from hmgraph.cache.plan import make_plan, replay_hits
 from hmgraph.cache.policies import make_policy
 from hmgraph.cache.reuse import (
+    ENGINES,
     TABLE_BYTES_PER_ROW,
     BatchReuse,
     member,
@@ -428,3 +429,129 @@ def test_analyze_replays_what_the_loader_runs_with_reuse(tiny):
     hits, requested = replay_hits(policy, rest, 4, lookahead=loader.trace)
     assert requested == stats.cache.rows_requested
     assert hits == stats.cache.hits.get("host", 0)
+
+
+# The compiled engine against the reference: the same rows and counters
+# after every batch of the same recorded traces.
+
+def _counters(reuse: BatchReuse) -> dict:
+    """Batch reuse's counters and the cache below's, less the timings."""
+    counters = reuse.stats.as_dict()
+    del counters["seconds"], counters["copy_seconds"]
+    below = reuse.inner.stats.as_dict()
+    below.pop("seconds", None)
+    return {"reuse": counters, "below": below, "held": reuse.held_rows,
+            "nbytes": reuse.nbytes}
+
+
+def _recorded_trace(tiny, shuffle: bool) -> list[torch.Tensor]:
+    """Input nodes of DGL's sampler, batches of 64 train seeds."""
+    seeds = tiny.split["train"][:640]
+    if shuffle:
+        seeds = seeds[torch.randperm(
+            seeds.numel(), generator=torch.Generator().manual_seed(5))]
+    sampler = dgl.dataloading.NeighborSampler([4, 4])
+    dgl.seed(5)
+    return [sampler.sample(tiny.graph, seeds[start:start + 64])[0]
+            for start in range(0, seeds.numel(), 64)]
+
+
+def _reuse_over(tiny, trace, levels, capacity, static, engine):
+    """Batch reuse over a cache of ``tiny``'s rows; with ``static``, a
+    static device tier below holding the trace's 300 most asked rows."""
+    layers = []
+    if static:
+        hot = torch.bincount(torch.cat(trace), minlength=tiny.num_nodes)
+        layers = [Layer(
+            make_policy("presample", tiny.num_nodes, 300,
+                        hotness=hot.float()),
+            [SlotStore("device", tiny.num_nodes, (tiny.feat_dim,),
+                       torch.float32, 300)])]
+    cache = FeatureCache(TensorFeature(tiny.features), layers)
+    return BatchReuse(cache, levels, capacity, engine=engine)
+
+
+@pytest.mark.parametrize("levels", [1, 2], ids=["one-level", "two-level"])
+@pytest.mark.parametrize("lookahead", [True, False],
+                         ids=["lookahead", "no-lookahead"])
+@pytest.mark.parametrize("static", [False, True],
+                         ids=["no-tier", "static-tier"])
+@pytest.mark.parametrize("capacity", [10_000, 150], ids=["roomy", "tight"])
+@pytest.mark.parametrize("shuffle", SEED_ORDERS.values(),
+                         ids=SEED_ORDERS.keys())
+def test_compiled_reuse_equals_the_reference(tiny, levels, lookahead,
+                                             static, capacity, shuffle):
+    """Two epochs of a recorded trace (a reset between them): the compiled
+    engine returns the reference's rows and moves its counters (and the
+    cache below's) alike after every batch."""
+    trace = _recorded_trace(tiny, shuffle)
+    reference, compiled = (
+        _reuse_over(tiny, trace, levels, capacity, static, engine)
+        for engine in ("torch", "compiled"))
+    assert (reference.engine, compiled.engine) == ("torch", "compiled")
+    for epoch in range(2):
+        for t, ids in enumerate(trace):
+            future = [b.sort().values for b in trace[t + 1:t + 1 + levels]] \
+                if lookahead else ()
+            expected = reference.read(ids, future)
+            got = compiled.read(ids, future)
+            assert torch.equal(got, expected)
+            assert torch.equal(got, tiny.features[ids])
+            assert _counters(compiled) == _counters(reference)
+            for age in range(1, levels + 1):
+                assert torch.equal(compiled.level_rows(age),
+                                   reference.level_rows(age))
+        if epoch == 0:
+            reference.reset()
+            compiled.reset()
+    assert sum(compiled.stats.reused.values()) > 0
+
+
+@pytest.mark.parametrize("levels", [1, 2])
+@settings(max_examples=40, deadline=None)
+@given(batches=st.lists(st.lists(st.integers(0, 59), max_size=50),
+                        min_size=1, max_size=12),
+       capacity=st.integers(0, 40), lookahead=st.booleans())
+def test_compiled_reuse_equals_the_reference_on_any_ids(levels, batches,
+                                                        capacity, lookahead):
+    """Any ids (repeats, empty batches) and ring sizes: the same rows and
+    counters."""
+    rows = torch.from_numpy(reference())
+    tensors, compiled = (
+        BatchReuse(FeatureCache(TensorFeature(rows), []), levels, capacity,
+                   engine=engine) for engine in ("torch", "compiled"))
+    assert ENGINES == ("compiled", "torch")
+    trace = [torch.tensor(b, dtype=torch.int64) for b in batches]
+    for t, ids in enumerate(trace):
+        future = [b.unique() for b in trace[t + 1:t + 1 + levels]] \
+            if lookahead else ()
+        got = compiled.read(ids, future)
+        assert torch.equal(got, tensors.read(ids, future))
+        assert torch.equal(got, rows[ids])
+        assert _counters(compiled) == _counters(tensors)
+
+
+def test_unknown_engine_is_refused():
+    with pytest.raises(ValueError, match="unknown engine 'numba'; "
+                       "available: compiled, torch"):
+        BatchReuse(make_reuse(1).inner, 1, 5, engine="numba")
+
+
+def test_batches_alive_are_never_written_and_let_go_are_reused():
+    """The compiled engine hands batches out of buffers it takes again:
+    only once nothing (a view, a NumPy array) holds a batch any more."""
+    rows = torch.from_numpy(reference())
+    reuse = make_reuse(2, 50)
+    assert reuse.engine == "compiled"
+    starts = range(0, 200, 20)
+    alive = {s: reuse.read(torch.arange(s, s + 40)) for s in starts}
+    view, array = alive.pop(0)[:3], alive.pop(20).numpy()
+    for start in (5, 45, 85, 5, 45):
+        reuse.read(torch.arange(start, start + 40)).fill_(-1.0)
+    assert torch.equal(view, rows[:3])
+    assert np.array_equal(array, rows[20:60].numpy())
+    for start, batch in alive.items():
+        assert torch.equal(batch, rows[start:start + 40])
+    del alive, view, array
+    let_go = reuse.read(torch.arange(40)).data_ptr()
+    assert reuse.read(torch.arange(1, 41)).data_ptr() == let_go

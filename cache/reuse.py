@@ -549,6 +549,13 @@ class BatchReuse(Feature):
                                      dtype=self.dtype)
         return byte_rows(self._pool[:self.ring_rows])
 
+    def release_buffers(self) -> None:
+        """See `Feature.release_buffers` (the inner feature's are its
+        own); the ring stays."""
+        if self.engine == "compiled":
+            self._batches.clear()
+
     def close(self) -> None:
-        """Close the inner feature."""
+        """Close the inner feature; let go of the batch buffers."""
+        self.release_buffers()
         self.inner.close()

@@ -555,3 +555,7 @@ def test_batches_alive_are_never_written_and_let_go_are_reused():
     del alive, view, array
     let_go = reuse.read(torch.arange(40)).data_ptr()
     assert reuse.read(torch.arange(1, 41)).data_ptr() == let_go
+    assert reuse._batches.nbytes
+    reuse.release_buffers()  # an epoch's end: none kept
+    assert reuse._batches.nbytes == 0
+    assert torch.equal(reuse.read(torch.arange(40)), rows[:40])

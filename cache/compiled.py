@@ -10,9 +10,11 @@ pass one compiled loop over the batch in request order:
    longer needed, choose the window's rows that lie on the blocks read
    anyway;
 3. read misses into their places in the output, and rows brought along
-   into their staging slots, in one plan of the storage tier;
-4. the policy's step on the batch (the hmgraph policy's dynamic region;
-   static policies hold still), evictions then admissions applied.
+   into their staging slots, in one plan of the storage tier, on its
+   threads; meanwhile copy the hits into the output and let the policy
+   decide (the hmgraph policy's dynamic region; static policies hold
+   still);
+4. once the reads succeeded, apply evictions then admissions.
 
 It serves caches on the CPU with at most one layer whose stores share one
 id -> slot table (``hmgraph`` and the static policies, or no layer); the
@@ -199,7 +201,7 @@ class CompiledRead:
         found = engine.gather(store, slot, self.buffers, out_rows) \
             if self.buffers else np.zeros(0, dtype=np.int64)
         if len(missed):
-            self._read_source(missed, missing, out, out_rows, _EMPTY)
+            self._start_source(missed, missing, out, out_rows, _EMPTY)[0]()
             _add(stats.bytes, "storage->host", cache.row_bytes * len(missed))
         for number, store_ in enumerate(self.stores):
             if found[number]:
@@ -217,7 +219,7 @@ class CompiledRead:
         start = time.perf_counter()
         ids_np = ids.numpy()
         count = len(ids_np)
-        # (1) Where each id is held, and the rows held.
+        # (1) Where each id is held; the misses in file order.
         store, slot, repeats = self._find(ids_np)
         if repeats.any():
             return None
@@ -229,13 +231,17 @@ class CompiledRead:
             return None
         out = self.pool.empty(count)
         out_rows = engine.byte_rows(out)
-        found = engine.gather(store, slot, self.all_buffers, out_rows) \
-            if self.all_buffers else np.zeros(0, dtype=np.int64)
-        # (2) The window: marks, staged rows let go, rows brought along.
+        layered = len(self.stores)
+        found = np.zeros(len(self.all_buffers), dtype=np.int64)
+        # (2) The window: the staged hits copied (their slots may be let
+        # go and refilled now), marks, staged rows let go, rows brought
+        # along.
         ahead, bounds = _future(future)
         taken = _EMPTY
         staging = cache.staging
         if staging is not None:
+            found += engine.gather(store, slot, self.all_buffers, out_rows,
+                                   layered, layered + 1)
             engine.mark_window(cache._marks.numpy(), self.marked, ahead,
                                bounds)
             self.marked = ahead
@@ -247,12 +253,24 @@ class CompiledRead:
                 _add(cache.stats.evicted, "staged", freed)
             if len(missed) and len(future) and staging.num_free:
                 taken = self._along(missed, ahead, bounds, staging.num_free)
-        # (3) Misses into the output, rows brought along into staging.
-        if len(missed):
-            self._read_source(missed, missing, out, out_rows, taken)
-        # (4) The policy decides; evictions, then admissions.
+        # (3) Misses into the output and rows brought along into staging,
+        # on the storage tier's threads; meanwhile the hits are copied
+        # (other rows of the output) and the policy decides. Nothing is
+        # applied before the reads succeed: a failed read leaves no trace.
+        wait, slots = self._start_source(missed, missing, out, out_rows,
+                                         taken)
+        try:
+            if layered:
+                found += engine.gather(store, slot, self.all_buffers,
+                                       out_rows, 0, layered)
+            decided = self._decide(ids_np, store, ahead, bounds)
+        finally:
+            wait()
+        if len(taken):
+            self._stage(taken, slots)
+        # (4) Evictions, then admissions; counters.
         if self.policy is not None:
-            self._step(ids_np, store, ahead, bounds, out_rows)
+            self._apply(ids_np, decided, out_rows)
         for number, store_ in enumerate(self.stores):
             if found[number]:
                 cache._count_hits(store_.name, int(found[number]))
@@ -278,19 +296,22 @@ class CompiledRead:
             plan.run_first, plan.run_last, row_bytes, offset, block, limit,
             self.cache.num_rows)
 
-    def _read_source(self, missed, missing, out, out_rows, taken) -> None:
+    def _start_source(self, missed, missing, out, out_rows, taken):
+        """Start reading the misses (and rows brought along, into the
+        staging slots `SlotStore.insert` would give them: the top of the
+        free stack); return the function that waits, and those slots."""
         cache = self.cache
+        source = cache.source
+        if not len(missed):
+            return _nothing, _EMPTY
+        if not hasattr(source, "read_into_later"):  # rows in memory
+            rows = source.read(torch.from_numpy(missed))
+            out[torch.from_numpy(missing)] = rows.to(out.device)
+            return _nothing, _EMPTY
         if not len(taken):
-            if hasattr(cache.source, "read_into"):
-                cache.source.read_into(
-                    missed, (out_rows,), np.zeros(len(missed), np.int64),
-                    missing)
-            else:
-                rows = cache.source.read(torch.from_numpy(missed))
-                out[torch.from_numpy(missing)] = rows.to(out.device)
-            return
-        # Rows brought along go straight into the staging slots that
-        # `SlotStore.insert` would give them (the top of the free stack).
+            return source.read_into_later(
+                missed, (out_rows,), np.zeros(len(missed), np.int64),
+                missing), _EMPTY
         staging = cache.staging
         slots = staging.free[staging.num_free - len(taken):
                              staging.num_free].numpy().copy()
@@ -299,9 +320,14 @@ class CompiledRead:
         which = np.concatenate([np.zeros(len(missed), np.int64),
                                 np.ones(len(taken), np.int64)])[order]
         where = np.concatenate([missing, slots])[order]
-        cache.source.read_into(
+        return source.read_into_later(
             union[order], (out_rows, engine.byte_rows(staging.buffer)),
-            which, where)
+            which, where), slots
+
+    def _stage(self, taken, slots) -> None:
+        """The rows brought along now sit in their staging slots."""
+        cache = self.cache
+        staging = cache.staging
         staging.num_free -= len(taken)
         staging.slot_of[torch.from_numpy(taken)] = torch.from_numpy(
             slots + staging.offset).to(staging.slot_of.dtype)
@@ -309,20 +335,28 @@ class CompiledRead:
         _add(cache.stats.admitted, "staged", len(taken))
         _add(cache.stats.bytes, "storage->host", cache.row_bytes * len(taken))
 
-    def _step(self, ids, store, ahead, bounds, out_rows) -> None:
-        """The layer's policy on this batch, applied to the stores."""
-        cache, policy = self.cache, self.policy
-        names = [s.name for s in self.stores]
-        if type(policy) is not HMGraphPolicy:  # static: nothing moves
-            for name in names:
-                _add(cache.stats.evicted, name, 0)
-            return
+    def _decide(self, ids, store, ahead, bounds):
+        """The hmgraph policy's choice for this batch (nothing applied);
+        None for static policies, which hold still."""
+        policy = self.policy
+        if type(policy) is not HMGraphPolicy:
+            return None
         hit = (store >= 0) & (store < len(self.stores))
-        evict, admit, held = engine.choose_dynamic(
+        return engine.choose_dynamic(
             ids, hit, policy._held.numpy(), ahead, bounds, policy.window,
             policy.next_use.numpy(), policy.cold_rank.numpy(),
             np.iinfo(np.int32).max, policy.capacity - policy.static_rows,
             policy.num_rows)
+
+    def _apply(self, ids, decided, out_rows) -> None:
+        """Apply the policy's choice to the stores: evictions, then
+        admissions (rows from the output); counters."""
+        cache, policy = self.cache, self.policy
+        if decided is None:  # static: nothing moves
+            for store_ in self.stores:
+                _add(cache.stats.evicted, store_.name, 0)
+            return
+        evict, admit, held = decided
         num_free = np.array([s.num_free for s in self.stores], np.int64)
         freed = engine.evict_ids(evict, self.table, self.low, self.high,
                                  self.id_of, self.free, num_free,
@@ -337,6 +371,10 @@ class CompiledRead:
                 _add(cache.stats.admitted, store_.name, int(inserted[number]))
         policy._held = torch.from_numpy(held)
         policy._size += len(admit) - len(evict)
+
+
+def _nothing() -> None:
+    """Nothing to wait for."""
 
 
 def _add(counter: dict, key: str, value: int) -> None:

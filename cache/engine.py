@@ -122,13 +122,13 @@ def count_repeats(store, slot, seen, tick):
 
 
 @njit(**_NOGIL)
-def gather(store, slot, buffers, out):
-    """``out[i] = buffers[store[i]][slot[i]]`` wherever ``store[i] >= 0``;
-    counts per store returned."""
+def gather(store, slot, buffers, out, first=0, stop=127):
+    """``out[i] = buffers[store[i]][slot[i]]`` wherever ``first <=
+    store[i] < stop``; rows copied per store returned."""
     counts = np.zeros(len(buffers), dtype=np.int64)
     for i in range(store.shape[0]):
         j = store[i]
-        if j >= 0:
+        if first <= j < stop:
             _copy_row(out, i, buffers[j], slot[i])
             counts[j] += 1
     return counts

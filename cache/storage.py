@@ -42,7 +42,9 @@ reads and warns once.
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
+import functools
 import mmap
 import os
 import threading
@@ -428,23 +430,34 @@ class StorageFeature(Feature):
         the batch's output and rows brought along into staging slots in
         one plan, with no intermediate copy. Ids are not validated here.
         """
+        self.read_into_later(unique, targets, which, where)()
+
+    def read_into_later(self, unique: np.ndarray, targets: tuple,
+                        which: np.ndarray, where: np.ndarray):
+        """`read_into`, started: the reads are planned and queued on the
+        tier's threads, and a function is returned that waits for them
+        (and raises what they raised). The caller works on meanwhile, on
+        other memory than the rows being read (the compiled cache copies
+        its hits and takes its policy's decisions beside the disk)."""
         self._check_open()
-        self._read_sorted(torch.from_numpy(unique), None,
-                          (targets, which, where))
+        return self._start(torch.from_numpy(unique), None,
+                           (targets, which, where))
 
     def _read_sorted(self, unique: torch.Tensor,
-                     requested: int | None = None,
-                     into: tuple | None = None) -> torch.Tensor | None:
-        """Rows of sorted unique ids: plan, read in tasks, gather (into
-        ``(targets, which, where)`` of `read_into`, if given)."""
+                     requested: int | None = None) -> torch.Tensor:
+        """Rows of sorted unique ids: plan, read in tasks, gather."""
+        rows = torch.empty((len(unique), *self.row_shape), dtype=self.dtype)
+        into = ((byte_rows(rows),), np.zeros(len(unique), np.int64),
+                np.arange(len(unique)))
+        self._start(unique, requested, into)()
+        return rows
+
+    def _start(self, unique: torch.Tensor, requested: int | None,
+               into: tuple):
+        """Plan the reads of sorted unique ids, queue them (rows to
+        ``(targets, which, where)``); return the function that waits."""
         began = time.perf_counter()
-        rows = None
-        if into is None:
-            rows = torch.empty((len(unique), *self.row_shape),
-                               dtype=self.dtype)
-            into = ((byte_rows(rows),), np.zeros(len(unique), np.int64),
-                    np.arange(len(unique)))
-        blocks = nbytes = reads = 0
+        futures = []
         if len(unique) and self._row_numel:
             tasks = self._plan(unique.numpy())
             try:
@@ -454,11 +467,20 @@ class StorageFeature(Feature):
                 raise ValueError(
                     f"StorageFeature of {self.path} is closed"
                 ) from None
-            for future in futures:
-                task_blocks, task_bytes, task_reads = future.result()
-                blocks += task_blocks
-                nbytes += task_bytes
-                reads += task_reads
+        return functools.partial(self._finish, futures, unique, requested,
+                                 began)
+
+    def _finish(self, futures, unique, requested, began) -> None:
+        """Wait for every task of a read, then count it (or raise the
+        first task's error): no task may still write into rows its
+        caller has given up on and handed out again."""
+        concurrent.futures.wait(futures)
+        blocks = nbytes = reads = 0
+        for future in futures:
+            task_blocks, task_bytes, task_reads = future.result()
+            blocks += task_blocks
+            nbytes += task_bytes
+            reads += task_reads
         with self._lock:
             stats = self.stats
             stats.calls += 1
@@ -471,7 +493,6 @@ class StorageFeature(Feature):
             stats.io_requests += reads
             stats.seconds += time.perf_counter() - began
             stats.model_seconds += self.disk.seconds(reads, nbytes)
-        return rows
 
     def _plan(self, unique: np.ndarray) -> list[_Task]:
         """Block runs and buffer layout for sorted unique row ids."""

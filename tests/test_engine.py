@@ -271,3 +271,29 @@ def test_batch_buffers_are_let_go_at_an_epochs_end(data_root):
     finally:
         loader.close()
         file.close()
+
+
+def test_a_staged_hit_is_copied_before_its_slot_is_refilled(rows,
+                                                            feature_path):
+    """Batch 1 hits row 1 in staging and no later batch needs it: its slot
+    is let go and refilled at once by a row brought along with batch 1's
+    own read (row 41, on row 40's block). The hit must be the old row.
+    The reads finish before `read_into_later` returns here, so a copy of
+    the hit after the refill would be caught every time, not by a race."""
+    from hmgraph.cache.coordinated import FeatureCache
+    from hmgraph.cache.storage import StorageFeature
+
+    class Eager(StorageFeature):
+        def read_into_later(self, *args):
+            super().read_into_later(*args)()
+            return lambda: None
+
+    for engine in ("compiled", "torch"):
+        source = Eager(feature_path, num_threads=2)
+        with FeatureCache(source, [], staging_rows=4, engine=engine) as cache:
+            batches = [([0], [[1], [2]]), ([1, 40], [[41]]), ([41], [])]
+            for ids, future in batches:
+                got = cache.read(torch.tensor(ids), [torch.tensor(f)
+                                                      for f in future])
+                assert got.numpy().tobytes() == rows[ids].tobytes(), engine
+            assert cache.stats.hits["staged"] == 2  # rows 1 and 41

@@ -479,11 +479,13 @@ class BatchReuse(Feature):
         # (1) Stamp the coming batches' ids, the nearest last so that it
         # wins (as `_keep`); then one pass finds the rows the levels hold
         # and the rows the batch keeps.
+        # The kernels do not check bounds: ids out of range raise here, as
+        # the reference's indexing does.
         stamp = self._batch * 4
-        coming = list(future)[:self.levels] if len(future) else []
+        coming = [check_ids(f, self.num_rows).numpy()
+                  for f in list(future)[:self.levels]] if len(future) else []
         for distance in reversed(range(len(coming))):
-            reuse_engine.stamp_ids(table, coming[distance].numpy(),
-                                   stamp - distance)
+            reuse_engine.stamp_ids(table, coming[distance], stamp - distance)
         older, head = (0, 0, 0), 0
         if self.levels == 2:
             start, kept, _ = self._levels[0]

@@ -559,3 +559,15 @@ def test_batches_alive_are_never_written_and_let_go_are_reused():
     reuse.release_buffers()  # an epoch's end: none kept
     assert reuse._batches.nbytes == 0
     assert torch.equal(reuse.read(torch.arange(40)), rows[:40])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_lookahead_ids_out_of_range_raise_and_change_nothing(engine):
+    rows = torch.from_numpy(reference())
+    reuse = BatchReuse(FeatureCache(TensorFeature(rows), []), 2, 50,
+                       engine=engine)
+    reuse.read(torch.arange(10), [torch.arange(5, 15)])
+    with pytest.raises((ValueError, IndexError)):
+        reuse.read(torch.arange(5, 15), [torch.tensor([3, NUM_ROWS])])
+    assert torch.equal(reuse.read(torch.arange(5, 15)), rows[5:15])
+    assert reuse.stats.reused["level1"] >= 5

@@ -53,7 +53,8 @@ def supports(cache) -> bool:
         if len(tables) != 1 or any(s.device.type != "cpu"
                                    for s in layer.stores):
             return False
-    if cache.staging is not None and not hasattr(cache.source, "read_into"):
+    if cache.staging is not None and \
+            not hasattr(cache.source, "read_into_later"):
         return False
     return True
 
@@ -107,10 +108,13 @@ class CompiledRead:
         this cache's types now, at construction, not in the first batch:
         an empty read through each of them, with nothing counted."""
         none = np.zeros(0, dtype=np.int64)
+        nothing = engine.byte_rows(torch.empty(
+            (0, *self.cache.row_shape), dtype=self.cache.dtype))
         store, slot, _ = self._find(none)
         if self.all_buffers:
-            engine.gather(store, slot, self.all_buffers,
-                          engine.byte_rows(self.pool.empty(0)))
+            engine.gather(store, slot, self.all_buffers, nothing)
+            engine.gather(store, slot, self.all_buffers, nothing, 0,
+                          len(self.all_buffers))
         engine.argsort(none, self.cache.num_rows)
         staging = self.cache.staging
         if staging is not None:
@@ -126,9 +130,9 @@ class CompiledRead:
             counts = np.array([s.num_free for s in self.stores], np.int64)
             engine.evict_ids(none, self.table, self.low, self.high,
                              self.id_of, self.free, counts, self.resident)
-            engine.insert_rows(none, none, engine.byte_rows(
-                self.pool.empty(0)), self.table, self.low, self.id_of,
-                self.free, counts, self.buffers, self.resident)
+            engine.insert_rows(none, none, nothing, self.table, self.low,
+                               self.id_of, self.free, counts, self.buffers,
+                               self.resident)
 
     def _stamp(self) -> int:
         self.tick += 1

@@ -793,7 +793,9 @@ class DataLoader:
             seen = set()
             while feature is not None and id(feature) not in seen:
                 seen.add(id(feature))
-                feature.release_buffers()
+                release = getattr(feature, "release_buffers", None)
+                if release is not None:  # a user's own tier may lack it
+                    release()
                 feature = getattr(feature, "inner", None) or getattr(
                     feature, "source", None)
 

@@ -89,7 +89,7 @@ def hmgraph_pass(data, seeds, args, features, cache, device, host,
 
     import hmgraph
 
-    feature_bytes = data.num_nodes * data.feat_dim * 4
+    feature_bytes = data.feature_bytes
     options = {"cache": cache, "prefetch": prefetch, "seed": args.seed,
                "features": data.features if features == "memory"
                else data.feature_path}
@@ -121,8 +121,7 @@ def hmgraph_pass(data, seeds, args, features, cache, device, host,
         # and bytes of a batch at (io_requests / iops + bytes / bandwidth).
         disk_seconds_per_batch=storage.get("model_seconds", 0.0)
         / max(record["batches"], 1),
-        hit_rate={k: v for k, v in (stats.get("cache") or {}).get(
-            "hit_rate", {}).items()})
+        hit_rate=(stats.get("cache") or {}).get("hit_rate", {}))
     return record
 
 

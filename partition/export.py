@@ -41,6 +41,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import psutil
 import torch
 
 from hmgraph.cache.format import atomic_path, write_feature_file
@@ -244,7 +245,7 @@ def remove_stale_work(out_dir: str | os.PathLike) -> list[Path]:
     for path in sorted(out_dir.parent.iterdir()):
         found = pattern.fullmatch(path.name)
         if not found or not path.is_dir() or path.is_symlink() or \
-                _alive(int(found.group(1) or found.group(2))):
+                psutil.pid_exists(int(found.group(1) or found.group(2))):
             continue
         if found.group(2) and not out_dir.exists():
             os.rename(path, out_dir)
@@ -252,16 +253,6 @@ def remove_stale_work(out_dir: str | os.PathLike) -> list[Path]:
             shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _replace_dir(new: Path, target: Path) -> None:

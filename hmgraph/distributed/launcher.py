@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 from hmgraph.partition import read_partition_info
 
 __all__ = ["LaunchError", "free_port", "launch", "remove_leftovers"]
@@ -221,16 +223,6 @@ def _remove_shared_memory(prefix: str) -> None:
             path.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_leftovers() -> list[str]:
     """Remove what launchers that died (SIGKILL) left behind.
 
@@ -250,12 +242,12 @@ def remove_leftovers() -> list[str]:
     shm = Path("/dev/shm")
     for path in shm.glob("hmg*m*") if shm.is_dir() else []:
         found = re.match(r"hmg(\d+)m", path.name)
-        if found and not _alive(int(found.group(1))):
+        if found and not psutil.pid_exists(int(found.group(1))):
             path.unlink(missing_ok=True)
             removed.append(str(path))
     for path in Path(tempfile.gettempdir()).glob(_WORK_PREFIX + "*"):
         found = re.match(re.escape(_WORK_PREFIX) + r"(\d+)-", path.name)
-        if found and not _alive(int(found.group(1))):
+        if found and not psutil.pid_exists(int(found.group(1))):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
     return removed

@@ -33,7 +33,7 @@ from hmgraph.cache.buffers import BufferPool
 from hmgraph.cache.disk import read_plan
 from hmgraph.cache.policies import HMGraphPolicy, StaticPolicy
 
-__all__ = ["CompiledRead", "supports"]
+__all__ = ["CompiledRead", "each_once", "supports"]
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _TICK_WRAP = 2**31 - 2
@@ -57,6 +57,18 @@ def supports(cache) -> bool:
             not hasattr(cache.source, "read_into_later"):
         return False
     return True
+
+
+def each_once(read, ids: torch.Tensor) -> torch.Tensor:
+    """``read(ids)``; where it answers None (an id is asked twice), the
+    rows of the unique ids, read once each, repeated into request
+    order."""
+    out = read(ids)
+    if out is not None:
+        return out
+    unique, inverse = np.unique(ids.numpy(), return_inverse=True)
+    return read(torch.from_numpy(unique)).index_select(
+        0, torch.from_numpy(inverse))
 
 
 def _future(future) -> tuple[np.ndarray, np.ndarray]:
@@ -142,23 +154,34 @@ class CompiledRead:
             self.tick = 1
         return self.tick
 
-    def _find(self, ids: np.ndarray):
-        """Store (-1: none; staging after the layer's stores) and slot of
-        every id, and the repeats per store."""
+    def _find(self, ids: np.ndarray, staged: bool = True):
+        """Store (-1: none; staging after the layer's stores, unless not
+        ``staged``) and slot of every id, and the repeats per store."""
         store = np.full(len(ids), -1, dtype=np.int8)
         slot = np.empty(len(ids), dtype=np.int64)
         if self.stores:
             engine.lookup(ids, self.table, self.low, self.high, 0, store,
                           slot)
-        staging = self.cache.staging
+        staging = self.cache.staging if staged else None
         if staging is not None:
             engine.lookup(ids, staging.slot_of.numpy(),
                           np.zeros(1, np.int64),
                           np.array([staging.capacity], np.int64),
                           len(self.stores), store, slot)
-        repeats = engine.count_repeats(store, slot, self.seen, self._stamp()) \
-            if self.seen else np.zeros(0, dtype=np.int64)
+        seen = self.seen if staged else self.seen[:len(self.stores)]
+        repeats = engine.count_repeats(store, slot, seen, self._stamp()) \
+            if seen else np.zeros(0, dtype=np.int64)
         return store, slot, repeats
+
+    def _misses(self, ids: np.ndarray, store: np.ndarray):
+        """Positions of the ids no store holds and those ids, in file
+        order; None when one of them is asked twice."""
+        missing = np.flatnonzero(store < 0)
+        missing = missing[engine.argsort(ids[missing], self.cache.num_rows)]
+        missed = ids[missing]
+        if len(missed) > 1 and bool((missed[1:] == missed[:-1]).any()):
+            return None
+        return missing, missed
 
     def gather_held(self, ids: torch.Tensor, stats) -> torch.Tensor:
         """`FeatureCache._gather_held`: a complete cache's rows, in request
@@ -174,7 +197,7 @@ class CompiledRead:
         for store_, rows in zip(self.stores, counts, strict=False):
             cache._count_hits(store_.name, int(rows), stats)
         cache._count_hits("source", 0, stats)
-        stats.bytes["storage->host"] = stats.bytes.get("storage->host", 0)
+        _add(stats.bytes, "storage->host", 0)
         stats.requests += 1
         stats.rows_requested += asked
         stats.seconds += time.perf_counter() - start
@@ -187,19 +210,11 @@ class CompiledRead:
         cache = self.cache
         start = time.perf_counter()
         ids_np = ids.numpy()
-        store = np.full(len(ids_np), -1, dtype=np.int8)
-        slot = np.empty(len(ids_np), dtype=np.int64)
-        if self.stores:
-            engine.lookup(ids_np, self.table, self.low, self.high, 0, store,
-                          slot)
-            if engine.count_repeats(store, slot, self.seen[:len(
-                    self.stores)], self._stamp()).any():
-                return None
-        missing = np.flatnonzero(store < 0)
-        missing = missing[engine.argsort(ids_np[missing], cache.num_rows)]
-        missed = ids_np[missing]
-        if len(missed) > 1 and bool((missed[1:] == missed[:-1]).any()):
+        store, slot, repeats = self._find(ids_np, staged=False)
+        misses = None if repeats.any() else self._misses(ids_np, store)
+        if misses is None:
             return None
+        missing, missed = misses
         out = self.pool.empty(len(ids_np))
         out_rows = engine.byte_rows(out)
         found = engine.gather(store, slot, self.buffers, out_rows) \
@@ -225,14 +240,10 @@ class CompiledRead:
         count = len(ids_np)
         # (1) Where each id is held; the misses in file order.
         store, slot, repeats = self._find(ids_np)
-        if repeats.any():
+        misses = None if repeats.any() else self._misses(ids_np, store)
+        if misses is None:
             return None
-        missing = np.flatnonzero(store < 0)
-        order = engine.argsort(ids_np[missing], cache.num_rows)
-        missing = missing[order]
-        missed = ids_np[missing]
-        if len(missed) > 1 and bool((missed[1:] == missed[:-1]).any()):
-            return None
+        missing, missed = misses
         out = self.pool.empty(count)
         out_rows = engine.byte_rows(out)
         layered = len(self.stores)

@@ -37,7 +37,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from hmgraph.cache import compiled
@@ -360,13 +359,8 @@ class FeatureCache(Feature):
         with self._lock:  # one read at a time: iterators may overlap
             if self._compiled is None:
                 return self._read_locked(ids, future)
-            out = self._compiled.read(ids, future)
-            if out is not None:
-                return out
-            # An id asked twice: each row read once, then repeated.
-            unique, inverse = np.unique(ids.numpy(), return_inverse=True)
-            out = self._compiled.read(torch.from_numpy(unique), future)
-            return out.index_select(0, torch.from_numpy(inverse))
+            return compiled.each_once(
+                lambda asked: self._compiled.read(asked, future), ids)
 
     def _read_locked(self, ids, future) -> torch.Tensor:
         start = time.perf_counter()
@@ -565,14 +559,8 @@ class FrozenView(Feature):
         reader = self.cache._compiled
         if reader is not None:
             with self.cache._lock:  # the stamps and buffers are shared
-                out = reader.frozen_read(ids, self.stats)
-                if out is None:  # an id asked twice: each row read once
-                    unique, inverse = np.unique(ids.numpy(),
-                                                return_inverse=True)
-                    out = reader.frozen_read(torch.from_numpy(unique),
-                                             self.stats).index_select(
-                        0, torch.from_numpy(inverse))
-            return out
+                return compiled.each_once(
+                    lambda asked: reader.frozen_read(asked, self.stats), ids)
         start = time.perf_counter()
         unique, out, where, inverse = _request(ids, self)
         pending = torch.arange(unique.numel())

@@ -31,8 +31,9 @@ import torch
 from numba import njit
 
 __all__ = ["argsort", "argsort_ids", "byte_rows", "choose_dynamic",
-           "count_repeats", "evict_ids", "gather", "insert_rows", "lookup",
-           "mark_window", "scatter_rows", "select_along", "unstage"]
+           "copy_row", "count_repeats", "evict_ids", "gather", "insert_rows",
+           "lookup", "mark_window", "scatter_rows", "select_along",
+           "unstage"]
 
 _NOGIL = {"nogil": True, "cache": True}
 
@@ -46,7 +47,7 @@ def byte_rows(rows: torch.Tensor) -> np.ndarray:
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _copy_row(dst, i, src, j):
+def copy_row(dst, i, src, j):
     """``dst[i] = src[j]``, byte by byte in a loop LLVM vectorises: 4.4x
     faster than the slice assignment (160,000 rows of 400 B: 12 against
     54 ms)."""
@@ -134,7 +135,7 @@ def gather(store, slot, buffers, out, first=0, stop=127):
     for i in range(store.shape[0]):
         j = store[i]
         if first <= j < stop:
-            _copy_row(out, i, buffers[j], slot[i])
+            copy_row(out, i, buffers[j], slot[i])
             counts[j] += 1
     return counts
 
@@ -341,7 +342,7 @@ def insert_rows(ids, positions, source, slot_of, low, id_of, free, num_free,
             position = positions[k + t]
             node = ids[position]
             local = free[j][top + t]
-            _copy_row(buffers[j], local, source, position)
+            copy_row(buffers[j], local, source, position)
             slot_of[node] = low[j] + local
             id_of[j][local] = node
             resident[node] = True

@@ -30,6 +30,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from hmgraph.cache.engine import copy_row
+
 __all__ = ["RESIDENT", "gather_batch", "radix_passes", "scan_batch",
            "sort_rest", "stamp_ids", "write_ring"]
 
@@ -39,15 +41,6 @@ _NOGIL = {"nogil": True, "cache": True}
 RESIDENT = 2**31 - 1
 _DIGIT_BITS = 11
 _DIGITS = 1 << _DIGIT_BITS
-
-
-@njit(**_NOGIL)
-def _copy_row(target, i, source, j):
-    """``target[i] = source[j]``, byte by byte: a loop numba vectorises
-    (a slice assignment goes through its generic broadcasting, 5x
-    slower on 400-byte rows)."""
-    for b in range(target.shape[1]):
-        target[i, b] = source[j, b]
 
 
 def radix_passes(num_rows: int) -> int:
@@ -171,9 +164,9 @@ def gather_batch(source, ring, rows, out):
     for i in range(source.shape[0]):
         position = source[i]
         if position >= 0:
-            _copy_row(out, i, ring, position)
+            copy_row(out, i, ring, position)
         else:
-            _copy_row(out, i, rows, -2 - position)
+            copy_row(out, i, rows, -2 - position)
 
 
 @njit(**_NOGIL)
@@ -192,7 +185,7 @@ def write_ring(ids, out, keep, count, ring, head, table, batch):
     for k in range(count):
         i = keep[k]
         position = (head + k) % ring_rows
-        _copy_row(ring, position, out, i)
+        copy_row(ring, position, out, i)
         node = ids[i]
         table[node, 0] = batch
         table[node, 1] = position

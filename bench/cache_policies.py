@@ -8,7 +8,6 @@ trace, and the DGL baselines once; targets T1-T5 at the 20 % host budget
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import hashlib
 import os
@@ -60,37 +59,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def prepare_layout(name: str, dataset, seeds, args):
-    """``(dataset, seeds, record)`` in a layout's ids.
+    """``(dataset, seeds, profile, record)`` in a layout's ids.
 
     ``hot-first`` is what ``hmgraph train --layout hot-first`` builds
-    (`hmgraph.train.make_sampler` on a view: features on disk, this
-    epoch's seeds as the train split), timed: ``seconds`` is the profile
-    and the rewrite (or the reuse of an earlier one).
+    (`common.hot_first_layout`), timed: ``seconds`` is the profile and
+    the rewrite (or the reuse of an earlier one); its loaders plan from
+    its profile, as training's do. ``file``: the rows as stored, no
+    profile given.
     """
-    from hmgraph.train import TrainConfig, make_sampler
-
     if name == "file":
-        return dataset, seeds, {"name": name, "seconds": 0.0}
-    graph = dataset.graph.local_var()
-    graph.ndata.pop("feat", None)
-    view = dataclasses.replace(dataset, graph=graph, features_on="disk",
-                               split=dict(dataset.split, train=seeds))
-    config = TrainConfig(
-        dataset=args.dataset, root=str(args.root), features_on="disk",
-        cache="hmgraph", layout=name, fanouts=list(args.fanouts),
-        batch_size=args.batch_size, profile_batches=PROFILE_BATCHES,
-        seed=args.seed)
-    start = time.perf_counter()
-    renumbered, _ = make_sampler(config, view)
-    record = {"name": name, "seconds": time.perf_counter() - start,
-              "reused": bool(renumbered.info.get("reused")),
-              "path": str(renumbered.feature_path),
-              "profile_batches": min(PROFILE_BATCHES, -(-seeds.numel()
-                                                        // args.batch_size))}
-    start = time.perf_counter()
-    renumbered.graph.create_formats_()
-    record["formats_seconds"] = time.perf_counter() - start
-    return renumbered, renumbered.split["train"], record
+        return dataset, seeds, None, {"name": name, "seconds": 0.0}
+    return common.hot_first_layout(args.dataset, dataset, seeds, args,
+                                   PROFILE_BATCHES)
 
 
 def run_dgl(dataset, seeds, args, memmap: bool) -> dict:
@@ -119,7 +99,7 @@ def run_dgl(dataset, seeds, args, memmap: bool) -> dict:
 
 def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
                 budget: str | None, host_budget: int, memo: dict,
-                layout: dict) -> dict:
+                layout: dict, profile=None) -> dict:
     """One epoch of `hmgraph.DataLoader` over the O_DIRECT storage tier;
     Belady on its trace (memoised by trace and capacity in ``memo``)."""
     config = f"{policy} / {layout['name']}"
@@ -128,7 +108,7 @@ def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
         trace=True, shuffle=True, cache=policy,
         device_budget_bytes=device_budget, host_budget_bytes=host_budget,
         prefetch=PREFETCH, window=WINDOW, profile_batches=PROFILE_BATCHES,
-        staging=args.staging, loader_only=True)
+        staging=args.staging, loader_only=True, profile=profile)
     plan, trace = run["loader"].plan, run["loader"].trace
     belady = belady_hit_rate(trace, plan.num_rows,
                              plan.device_rows + plan.host_rows, memo)
@@ -358,10 +338,11 @@ def main(argv=None) -> int:
         if name in (IN_MEMORY, FLOOR):
             record = run_dgl(dataset, seeds, args, memmap=name == FLOOR)
         else:
-            data, layout_seeds, built = layouts[layout]
+            data, layout_seeds, profile, built = layouts[layout]
             record = run_hmgraph(data, layout_seeds, args, name,
                                  device_budget, budget,
-                                 host_budgets.get(budget, 0), memo, built)
+                                 host_budgets.get(budget, 0), memo, built,
+                                 profile)
             result["environment"]["o_direct"] = record["direct"]
             result["config"]["disk_model"] = record["disk"]
         record["loadavg"] = {"before": before, "after": os.getloadavg()}

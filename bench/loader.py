@@ -140,53 +140,26 @@ def timed(loader, rows, built: float) -> dict:
             / max(batches, 1), "construct_seconds": built}
 
 
-def hot_first(name: str, data, seeds, args):
-    """``(dataset, seeds, seconds, profile)`` in the ids of the hot-first
-    layout ``hmgraph train`` builds with features on disk and a cache
-    (`hmgraph.train.prepare` on a view whose train split is ``seeds``):
-    profile, rewrite of the feature file, graph formats. The loader plans
-    from the layout's profile, as ``hmgraph train``'s does: its static
-    rows are then the first rows of the file."""
-    import dataclasses
-
-    from hmgraph.train import TrainConfig, prepare
-
-    graph = data.graph.local_var()
-    graph.ndata.pop("feat", None)
-    view = dataclasses.replace(data, graph=graph, features_on="disk",
-                               split=dict(data.split, train=seeds))
-    config = TrainConfig(
-        dataset=name, root=str(args.root), features_on="disk",
-        cache="hmgraph", layout="hot-first", fanouts=list(args.fanouts),
-        batch_size=args.batch_size, profile_batches=PROFILE_BATCHES,
-        seed=args.seed)
-    start = time.perf_counter()
-    renumbered, _, _, profile = prepare(config, view)
-    renumbered.graph.create_formats_()
-    return renumbered, renumbered.split["train"], \
-        time.perf_counter() - start, profile
-
-
 def run_dataset(name: str, args) -> list[dict]:
     data, facts = common.load(name, args.root)
     seeds = common.seeded_subset(data.split["train"], args.max_batches,
                                  args.batch_size, args.seed)
-    hot = hot_first(name, data, seeds, args)
+    hot = common.hot_first_layout(name, data, seeds, args, PROFILE_BATCHES)
     runs = [(config, prefetch) for config in CONFIGS
             for prefetch in ([None] if config[0] == DGL else args.prefetch)]
     passes: dict = {}
     bar = common.progress(len(runs) * args.repeats, name)
     for _ in range(args.repeats):
         for (config, features, cache, device, host), prefetch in runs:
-            on, ids = (hot[0], hot[1]) if config == HOT_FIRST else \
-                (data, seeds)
+            on, ids, profile = hot[:3] if config == HOT_FIRST else \
+                (data, seeds, None)
             record = dgl_pass(data, seeds, args) if config == DGL else \
                 hmgraph_pass(on, ids, args, features, cache, device,
-                             host, prefetch,
-                             hot[3] if config == HOT_FIRST else None)
+                             host, prefetch, profile)
             if config == HOT_FIRST:  # the layout is built once, reused
-                record["construct_seconds"] += hot[2]
-                record["layout_seconds"] = hot[2]
+                layout = hot[3]["seconds"] + hot[3]["formats_seconds"]
+                record["construct_seconds"] += layout
+                record["layout_seconds"] = layout
             passes.setdefault((config, prefetch), []).append(record)
             bar.update(1)
     bar.close()

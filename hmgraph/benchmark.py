@@ -51,7 +51,7 @@ __all__ = [
     "ConfigurationFailed", "amortized", "built_note", "commit",
     "dgl_baseline",
     "dgl_epoch", "disk_text", "drop_page_cache", "environment",
-    "environment_text", "finish", "hmgraph_epoch",
+    "environment_text", "finish", "hmgraph_epoch", "hot_first_layout",
     "isolated", "load", "loader_epoch", "markdown_table", "metis_parts",
     "metis_text", "new_model", "open_memmap", "peak_rss_bytes", "progress",
     "read_bytes", "run", "run_one", "seeded_subset", "target",
@@ -783,6 +783,42 @@ def seeded_subset(seeds, max_batches: int | None, batch_size: int,
     generator = torch.Generator().manual_seed(seed)
     return seeds[torch.randperm(seeds.numel(), generator=generator)[:keep]
                  .sort().values]
+
+
+def hot_first_layout(name: str, dataset, seeds, args,
+                     profile_batches: int):
+    """``dataset`` in the hot-first layout ``hmgraph train`` writes with
+    features on disk and a cache (`hmgraph.train.prepare` on a view whose
+    train split is ``seeds``): ``(dataset, seeds, profile, record)`` in
+    the new ids. The loaders plan from ``profile`` as training's do: the
+    static rows are then the file's first rows (a loader that profiled
+    again, with other batches, held rows spread over the whole file).
+    ``record``: ``seconds`` (profile and rewrite, or reuse of an earlier
+    one), ``reused``, ``path``, ``profile_batches``, ``formats_seconds``
+    (the graph's sparse formats)."""
+    import dataclasses
+
+    from hmgraph.train import TrainConfig, prepare
+
+    graph = dataset.graph.local_var()
+    graph.ndata.pop("feat", None)
+    view = dataclasses.replace(dataset, graph=graph, features_on="disk",
+                               split=dict(dataset.split, train=seeds))
+    config = TrainConfig(
+        dataset=name, root=str(args.root), features_on="disk",
+        cache="hmgraph", layout="hot-first", fanouts=list(args.fanouts),
+        batch_size=args.batch_size, profile_batches=profile_batches,
+        seed=args.seed)
+    start = time.perf_counter()
+    renumbered, _, _, profile = prepare(config, view)
+    record = {"name": "hot-first", "seconds": time.perf_counter() - start,
+              "reused": bool(renumbered.info.get("reused")),
+              "path": str(renumbered.feature_path),
+              "profile_batches": profile.num_batches}
+    start = time.perf_counter()
+    renumbered.graph.create_formats_()
+    record["formats_seconds"] = time.perf_counter() - start
+    return renumbered, renumbered.split["train"], profile, record
 
 
 def loader_epoch(dataset, seeds, args, desc: str, trace: bool = False,

@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 
+import hmgraph.openmp  # noqa: F401  (OMP_WAIT_POLICY, before torch loads)
 from hmgraph.args import (
     add_workload_arguments,
     budget_text,

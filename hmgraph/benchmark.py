@@ -40,6 +40,8 @@ import traceback
 from functools import cache, partial
 from pathlib import Path
 
+# Before torch: sets OMP_WAIT_POLICY for the benches that import this.
+import hmgraph.openmp  # noqa: F401  # isort: skip
 import numpy as np
 import psutil
 import torch

@@ -16,6 +16,9 @@ its own package (or an ancestor) back closes a circle.
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 import tomllib
 from collections import deque
 from dataclasses import dataclass
@@ -309,3 +312,50 @@ def test_no_circle_without_a_way_back(tmp_path):
         "ext/__init__.py": "",
     })
     assert describe_cycles(import_graph(modules)) == ""
+
+
+def _fresh_python(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a new interpreter with no OMP_WAIT_POLICY set."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+# What `import hmgraph.cache` must leave unloaded and unset.
+LIGHT_IMPORT = """
+import os, sys
+import hmgraph.cache
+heavy = [m for m in ("dgl", "hmgraph.loader") if m in sys.modules]
+assert not heavy, heavy
+assert "OMP_WAIT_POLICY" not in os.environ, os.environ["OMP_WAIT_POLICY"]
+"""
+
+
+def test_the_cache_imports_light():
+    done = _fresh_python(LIGHT_IMPORT)
+    assert done.returncode == 0, done.stderr
+
+
+# The lazy top level still serves its public names, before torch loads.
+LAZY_TOP_LEVEL = """
+import os, sys
+import hmgraph
+assert "torch" not in sys.modules and "hmgraph.loader" not in sys.modules
+assert set(hmgraph.__all__) <= set(dir(hmgraph)), dir(hmgraph)
+from hmgraph import DataLoader
+from hmgraph.loader import LoaderStats
+assert hmgraph.DataLoader is DataLoader
+assert hmgraph.LoaderStats is LoaderStats
+assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+try:
+    hmgraph.NoSuchName
+except AttributeError as err:
+    assert "NoSuchName" in str(err)
+else:
+    raise AssertionError("hmgraph.NoSuchName did not raise")
+"""
+
+
+def test_the_top_level_imports_lazily():
+    done = _fresh_python(LAZY_TOP_LEVEL)
+    assert done.returncode == 0, done.stderr

@@ -90,6 +90,18 @@ class ClassifyConfig:
         Epoch cap and early-stopping patience (on validation).
     ratio : float or None
         Pooling ratio; None takes the model's default.
+    selection : str
+        How the epoch is picked (`SELECTIONS`): ``"inner"`` (inner
+        k-fold over the training fold, then one model retrained on all
+        of it) or ``"holdout"`` (the carved validation set). Official
+        splits always select on their own validation set.
+    smooth : int
+        Epochs of the trailing mean over the validation curve that picks
+        the epoch (1: the raw curve).
+    inner_folds : int
+        Inner folds of ``selection="inner"``.
+    clip : float
+        Gradient-norm clip (0: none).
     resume : bool
         Reuse the folds an earlier run left in ``out/folds`` (same
         settings, `FOLD_KEYS`; another setting is refused).
@@ -111,6 +123,10 @@ class ClassifyConfig:
     weight_decay: float = 0.0
     seed: int = 0
     device: str = "cpu"
+    selection: str = "holdout"
+    smooth: int = 1
+    inner_folds: int = 3
+    clip: float = 0.0
     out: str = "runs/classify"
     progress: bool = True
     resume: bool = False
@@ -123,7 +139,10 @@ class ClassifyConfig:
 #: Settings a kept fold must share with the run that reuses it.
 FOLD_KEYS = ("dataset", "model", "folds", "epochs", "patience", "batch_size",
              "hidden", "levels", "ratio", "dropout", "lr", "weight_decay",
-             "seed", "device")
+             "seed", "device", "selection", "smooth", "inner_folds",
+             "clip")
+#: Epoch selections (`ClassifyConfig.selection`).
+SELECTIONS = ("inner", "holdout")
 
 
 @functools.cache
@@ -298,15 +317,53 @@ def make_folds(labels: torch.Tensor, folds: int, seed: int) -> list[dict]:
     return result
 
 
-def _score(dataset, logits, labels) -> float:
-    """Accuracy, or the OGB evaluator's metric on the class-1 probability."""
+#: OGB metrics where lower is better; every other metric is higher-better.
+LOWER_IS_BETTER = ("rmse", "mae")
+
+
+def task_loss(dataset, out, labels) -> torch.Tensor:
+    """The training loss of ``dataset``'s task, a scalar.
+
+    Cross-entropy over classes (``task == "multiclass"``, TU), binary
+    cross-entropy on each task's logit (``"binary"``, OGB) or squared
+    error (``"regression"``, OGB); the last two over the labelled entries
+    only (NaN labels masked, as OGB's examples do).
+
+    Parameters
+    ----------
+    dataset : GraphDataset
+        Gives ``task``.
+    out : torch.Tensor
+        Model output, ``(num_graphs, num_classes)``.
+    labels : torch.Tensor
+        ``(num_graphs,)`` classes or ``(num_graphs, num_tasks)`` values, on
+        ``out``'s device.
+    """
+    if dataset.task == "multiclass":
+        return F.cross_entropy(out, labels)
+    labelled = ~torch.isnan(labels)
+    if not bool(labelled.any()):
+        return out.sum() * 0.0
+    if dataset.task == "binary":
+        return F.binary_cross_entropy_with_logits(out[labelled],
+                                                  labels[labelled])
+    return F.mse_loss(out[labelled], labels[labelled])
+
+
+def _score(dataset, out, labels) -> float:
+    """Accuracy, or OGB's Evaluator's metric on the raw outputs (logits
+    of each task, or the regressed values)."""
     if dataset.evaluator is None:
         if labels.numel() == 0:
             return 0.0
-        return float((logits.argmax(-1) == labels).double().mean())
-    prob = torch.softmax(logits, -1)[:, 1:2]
+        return float((out.argmax(-1) == labels).double().mean())
     return float(dataset.evaluator.eval(
-        {"y_true": labels.view(-1, 1), "y_pred": prob})[dataset.metric])
+        {"y_true": labels, "y_pred": out})[dataset.metric])
+
+
+def selection_sign(metric: str) -> float:
+    """+1 where a higher ``metric`` is better, -1 where lower is (RMSE)."""
+    return -1.0 if metric in LOWER_IS_BETTER else 1.0
 
 
 @torch.no_grad()
@@ -316,19 +373,19 @@ def evaluate(model, dataset, ids, device, batch_size=512) -> dict:
     Returns
     -------
     dict
-        ``loss`` (mean cross-entropy) and ``metric`` (accuracy or OGB's).
+        ``loss`` (mean `task_loss`) and ``metric`` (accuracy or OGB's).
     """
     model.eval()
-    logits, labels = [], []
+    outs, labels = [], []
     for start in range(0, len(ids), batch_size):
         graph, feat, y = dataset.batch(ids[start:start + batch_size])
-        logits.append(model(graph, feat.to(device)).cpu())
+        outs.append(model(graph, feat.to(device)).cpu())
         labels.append(y)
-    if not logits:
+    if not outs:
         return {"loss": 0.0, "metric": 0.0}
-    logits, labels = torch.cat(logits), torch.cat(labels)
-    return {"loss": float(F.cross_entropy(logits, labels)),
-            "metric": _score(dataset, logits, labels)}
+    outs, labels = torch.cat(outs), torch.cat(labels)
+    return {"loss": float(task_loss(dataset, outs, labels)),
+            "metric": _score(dataset, outs, labels)}
 
 
 _ALIGN_BYTES = 64  # PyTorch's CPU allocator's alignment
@@ -405,63 +462,152 @@ def check_model_memory(config, dataset) -> int:
                  {"--hidden": config.hidden, "--levels": config.levels})
 
 
-def _train_fold(config, dataset, split, fold, device, bar) -> dict:
-    seed = config.seed + 1000 * fold
-    torch.manual_seed(seed)
-    model = _build_model(config, dataset).to(device)
-    flat = flat_parameters(model)
-    optimizer = torch.optim.Adam([flat], lr=config.lr,
-                                 weight_decay=config.weight_decay)
-    best, best_state, history, stale = None, None, [], 0
-    start = time.perf_counter()
-    train_ids = split["train"]
-    for epoch in range(config.epochs):
-        # (1) One epoch of mini-batches in a seeded order.
-        began = time.perf_counter()
+class _Trainer:
+    """One model, its flat Adam and its training graphs; `epoch` trains
+    one epoch of mini-batches in the order seeded with ``seed + epoch``."""
+
+    def __init__(self, config, dataset, train_ids, seed, device):
+        torch.manual_seed(seed)
+        self.config, self.dataset, self.device = config, dataset, device
+        self.train_ids, self.seed = train_ids, seed
+        self.model = _build_model(config, dataset).to(device)
+        self.flat = flat_parameters(self.model)
+        self.optimizer = torch.optim.Adam([self.flat], lr=config.lr,
+                                          weight_decay=config.weight_decay)
+
+    def epoch(self, epoch: int) -> float:
+        """Train one epoch; returns the mean training loss."""
+        config, model, ids = self.config, self.model, self.train_ids
         model.train()
-        order = torch.randperm(len(train_ids), generator=torch.Generator()
-                               .manual_seed(seed + epoch))
+        order = torch.randperm(len(ids), generator=torch.Generator()
+                               .manual_seed(self.seed + epoch))
         total, count = 0.0, 0
         for i in range(0, len(order), config.batch_size):
-            graph, feat, y = dataset.batch(
-                train_ids[order[i:i + config.batch_size]])
-            logits = model(graph, feat.to(device))
-            loss = F.cross_entropy(logits, y.to(device)) \
+            graph, feat, y = self.dataset.batch(
+                ids[order[i:i + config.batch_size]])
+            out = model(graph, feat.to(self.device))
+            loss = task_loss(self.dataset, out, y.to(self.device)) \
                 + model.auxiliary_loss
-            flat.grad.zero_()
+            self.flat.grad.zero_()
             loss.backward()
-            optimizer.step()
-            total += float(loss) * y.numel()
-            count += y.numel()
-        # (2) Validation only: model selection and early stopping.
-        valid = evaluate(model, dataset, split["valid"], device)
-        history.append({"epoch": epoch, "loss": total / max(count, 1),
-                        "valid_loss": valid["loss"],
-                        "valid": valid["metric"],
-                        "seconds": time.perf_counter() - began})
-        key = (valid["metric"], -valid["loss"])
+            if config.clip > 0:
+                torch.nn.utils.clip_grad_norm_([self.flat], config.clip)
+            self.optimizer.step()
+            total += float(loss) * len(y)
+            count += len(y)
+        return total / max(count, 1)
+
+
+def inner_splits(dataset, ids: torch.Tensor, folds: int, seed: int):
+    """``folds`` inner (train, valid) splits of the graphs ``ids``:
+    stratified k-fold over their classes where every class has ``folds``
+    graphs, else plain k-fold; seeded with ``seed``."""
+    import numpy as np
+    from sklearn.model_selection import KFold, StratifiedKFold
+
+    if not 2 <= folds <= len(ids):
+        raise ValueError(f"inner_folds must be in [2, {len(ids)}] (the "
+                         f"training graphs); got {folds}")
+    y = dataset.labels[ids].numpy() if dataset.task == "multiclass" \
+        else np.zeros(len(ids), dtype=np.int64)
+    counts = np.bincount(y)
+    splitter = StratifiedKFold(folds, shuffle=True, random_state=seed) \
+        if counts[counts > 0].min() >= folds else \
+        KFold(folds, shuffle=True, random_state=seed)
+    return [(ids[torch.as_tensor(np.sort(a))], ids[torch.as_tensor(
+        np.sort(b))]) for a, b in splitter.split(np.zeros(len(ids)), y)]
+
+
+def _select_epochs(config, dataset, trainers, valid_sets, device, bar,
+                   fold) -> dict:
+    """Train ``trainers`` in lockstep, each scored after every epoch on
+    its validation set; pick the epoch on their mean curve, smoothed.
+
+    The curve of an epoch is the mean over trainers of the validation
+    metric and loss; ``config.smooth`` > 1 averages it over the last
+    ``smooth`` epochs (fewer at the start). The best epoch has the best
+    smoothed metric (`selection_sign`), ties broken by the lower smoothed
+    loss; training stops after ``patience`` epochs without a better one.
+
+    Returns
+    -------
+    dict
+        ``best_epoch``, ``valid`` and ``valid_loss`` (smoothed, at the
+        best epoch), ``history`` and ``states`` (each trainer's weights
+        at the best epoch).
+    """
+    sign = selection_sign(dataset.metric)
+    best, states, history, stale, best_epoch = None, None, [], 0, 0
+    for epoch in range(config.epochs):
+        # (1) One epoch each, then validation only.
+        began = time.perf_counter()
+        losses = [t.epoch(epoch) for t in trainers]
+        scores = [evaluate(t.model, dataset, ids, device)
+                  for t, ids in zip(trainers, valid_sets, strict=True)]
+        history.append({
+            "epoch": epoch, "loss": sum(losses) / len(losses),
+            "valid_loss": sum(v["loss"] for v in scores) / len(scores),
+            "valid": sum(v["metric"] for v in scores) / len(scores),
+            "seconds": time.perf_counter() - began})
+        # (2) The smoothed curve picks the epoch; patience stops.
+        window = history[-config.smooth:]
+        metric = sum(h["valid"] for h in window) / len(window)
+        loss = sum(h["valid_loss"] for h in window) / len(window)
+        if config.smooth > 1:
+            history[-1].update(valid_smoothed=metric,
+                               valid_loss_smoothed=loss)
+        key = (sign * metric, -loss)
         if best is None or key > best:
-            best, stale = key, 0
-            best_state = copy.deepcopy(model.state_dict())
-            best_epoch = epoch
+            best, stale, best_epoch = key, 0, epoch
+            states = [copy.deepcopy(t.model.state_dict()) for t in trainers]
         else:
             stale += 1
         bar.update(1)
-        bar.set_postfix(fold=fold, loss=f"{total / max(count, 1):.3f}",
-                        valid=f"{valid['metric']:.3f}")
+        bar.set_postfix(fold=fold, loss=f"{history[-1]['loss']:.3f}",
+                        valid=f"{history[-1]['valid']:.3f}")
         if stale >= config.patience:
             bar.update(config.epochs - epoch - 1)
             break
-    # (3) The best epoch's weights, scored once on the test fold.
-    model.load_state_dict(best_state)
+    return {"best_epoch": best_epoch, "valid": sign * best[0],
+            "valid_loss": -best[1], "history": history, "states": states}
+
+
+def _train_fold(config, dataset, split, fold, device, bar) -> dict:
+    """One outer fold under ``config.selection`` (see `SELECTIONS`)."""
+    seed = config.seed + 1000 * fold
+    start = time.perf_counter()
+    if config.selection == "inner" and dataset.split is None:
+        # (1) Inner k-fold over train + valid picks the epoch count...
+        outer = torch.cat([split["train"], split["valid"]]).sort().values
+        inner = inner_splits(dataset, outer, config.inner_folds, seed)
+        trainers = [_Trainer(config, dataset, tr, seed + 100 * (j + 1),
+                             device) for j, (tr, _) in enumerate(inner)]
+        picked = _select_epochs(config, dataset, trainers,
+                                [va for _, va in inner], device, bar, fold)
+        # (2) ...then one model trains on all of it for that many epochs.
+        final = _Trainer(config, dataset, outer, seed, device)
+        for epoch in range(picked["best_epoch"] + 1):
+            final.epoch(epoch)
+        model = final.model
+        sizes = {"train": int(outer.numel()),
+                 "inner_valid": int(inner[0][1].numel()),
+                 "test": int(split["test"].numel())}
+    else:
+        # (1) Hold-out: the valid set picks the epoch and stops training.
+        trainer = _Trainer(config, dataset, split["train"], seed, device)
+        picked = _select_epochs(config, dataset, [trainer], [split["valid"]],
+                                device, bar, fold)
+        model = trainer.model
+        model.load_state_dict(picked["states"][0])
+        sizes = {k: int(v.numel()) for k, v in split.items()}
+    # (3) The picked model, scored once on the test fold.
     test = evaluate(model, dataset, split["test"], device)
-    return {"fold": fold, "best_epoch": best_epoch,
-            "epochs_run": len(history), "valid": best[0],
-            "valid_loss": -best[1], "test": test["metric"],
+    return {"fold": fold, "best_epoch": picked["best_epoch"],
+            "epochs_run": len(picked["history"]), "valid": picked["valid"],
+            "valid_loss": picked["valid_loss"], "test": test["metric"],
             "test_loss": test["loss"],
             "seconds": time.perf_counter() - start,
-            "sizes": {k: int(v.numel()) for k, v in split.items()},
-            "history": history}
+            "sizes": sizes, "history": picked["history"]}
 
 
 def run(config: ClassifyConfig, dataset=None) -> dict:
@@ -490,10 +636,16 @@ def run(config: ClassifyConfig, dataset=None) -> dict:
         raise ValueError(f"unknown model {config.model!r}; available: "
                          f"{', '.join(sorted(POOLING_MODELS))}")
     for name in ("folds", "epochs", "patience", "batch_size", "hidden",
-                 "levels"):
+                 "levels", "smooth"):
         if getattr(config, name) < 1:
             raise ValueError(f"{name} must be positive; got "
                              f"{getattr(config, name)}")
+    if config.selection not in SELECTIONS:
+        raise ValueError(f"unknown selection {config.selection!r}; "
+                         f"available: {', '.join(SELECTIONS)}")
+    if config.inner_folds < 2:
+        raise ValueError(f"inner_folds must be at least 2; got "
+                         f"{config.inner_folds}")
     device = torch.device(config.device)
     if dataset is None:
         dataset = load_graph_dataset(config.dataset, config.root)
@@ -501,13 +653,26 @@ def run(config: ClassifyConfig, dataset=None) -> dict:
     # (1) Splits: stratified folds, or the official split repeated.
     if dataset.split is not None:
         splits = [dataset.split] * config.folds
-        protocol = (f"official split, {config.folds} seeds; selection and "
-                    f"early stopping on valid")
+        protocol = (f"official split, {config.folds} seeds; epoch picked "
+                    f"and early stopping on its valid")
     else:
         splits = make_folds(dataset.labels, config.folds, config.seed)
-        protocol = (f"stratified {config.folds}-fold CV, valid carved "
-                    f"from each training fold (8:1:1 at 10 folds); "
-                    f"selection and early stopping on valid")
+        if config.selection == "inner":
+            protocol = (f"stratified {config.folds}-fold CV; per fold, an "
+                        f"inner stratified {config.inner_folds}-fold CV of "
+                        f"the training fold picks the epoch count on its "
+                        f"mean validation curve (early stopping on it), "
+                        f"then one model trains on the whole training "
+                        f"fold for that many epochs and is scored on test")
+        else:
+            protocol = (f"stratified {config.folds}-fold CV, valid carved "
+                        f"from each training fold (8:1:1 at 10 folds); "
+                        f"epoch picked and early stopping on valid")
+    if config.smooth > 1:
+        protocol += (f"; validation curve smoothed (trailing mean of "
+                     f"{config.smooth} epochs)")
+    if config.clip > 0:
+        protocol += f"; gradient norm clipped at {config.clip:g}"
     if config.max_folds:
         splits = splits[:config.max_folds]
         protocol += f"; first {len(splits)} of {config.folds} folds run"
@@ -673,6 +838,7 @@ def add_parser(commands):
     from hmgraph.args import (
         device_name,
         fraction,
+        non_negative_float,
         non_negative_int,
         positive_int,
     )
@@ -687,8 +853,8 @@ def add_parser(commands):
     )
     parser.add_argument("--dataset", default="MUTAG",
                         help="TU folder under --root (MUTAG, PROTEINS, "
-                        "NCI1, ENZYMES, ...) or ogbg-molbace / molbbbp / "
-                        "molhiv")
+                        "NCI1, ENZYMES, ...) or an OGB molecule set "
+                        "(ogbg-molbace, ogbg-molesol, ogbg-moltox21, ...)")
     parser.add_argument("--root", default="data",
                         help="folder holding the datasets")
     parser.add_argument("--model", default="hap",
@@ -711,6 +877,22 @@ def add_parser(commands):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", type=device_name, default="cpu",
                         help="cpu, cuda or cuda:N")
+    parser.add_argument("--selection", choices=SELECTIONS,
+                        default=ClassifyConfig.selection,
+                        help="how the epoch is picked on cross-validated "
+                        "sets: inner (inner k-fold of the training fold, "
+                        "then retrain on all of it) or holdout (one "
+                        "carved validation set); official splits use "
+                        "their own valid")
+    parser.add_argument("--smooth", type=positive_int,
+                        default=ClassifyConfig.smooth,
+                        help="pick the epoch on the trailing mean of this "
+                        "many epochs of the validation curve")
+    parser.add_argument("--inner-folds", type=positive_int,
+                        default=ClassifyConfig.inner_folds,
+                        help="inner folds of --selection inner (>= 2)")
+    parser.add_argument("--clip", type=non_negative_float, default=0.0,
+                        help="clip the gradient norm (0: no clipping)")
     parser.add_argument("--out", default=None,
                         help="output folder (default runs/classify-DATASET-"
                         "MODEL)")
@@ -739,6 +921,9 @@ def command(args) -> int:
     grid = parse_grid(args.grid) if args.grid else None
     if args.ratio is not None and not 0.0 < args.ratio <= 1.0:
         raise ValueError(f"--ratio {args.ratio}: must be in (0, 1]")
+    if args.inner_folds < 2:
+        raise ValueError(f"--inner-folds {args.inner_folds}: must be at "
+                         f"least 2")
     if not math.isfinite(args.lr) or args.lr <= 0:
         raise ValueError(f"--lr {args.lr}: must be a positive number")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -752,7 +937,8 @@ def command(args) -> int:
         patience=args.patience, batch_size=args.batch_size,
         hidden=args.hidden, levels=args.levels, ratio=args.ratio,
         dropout=args.dropout, lr=args.lr, weight_decay=args.weight_decay,
-        seed=args.seed, device=args.device,
+        seed=args.seed, device=args.device, selection=args.selection,
+        smooth=args.smooth, inner_folds=args.inner_folds, clip=args.clip,
         out=out, progress=not args.no_progress, resume=args.resume,
     )
     result = run_grid(config, grid) if grid else run(config)

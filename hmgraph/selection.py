@@ -83,7 +83,8 @@ def select_per_fold(runs: list[dict]) -> dict:
     ----------
     runs : list of dict
         Results of `hmgraph.classify.run` for the configurations of one
-        grid, in grid order, each with a ``name``. Ties on validation go to
+        grid, in grid order, each with a ``name`` (and the ``metric``:
+        ``rmse`` and ``mae`` pick the lowest). Ties on validation go to
         the lower validation loss, then to the earlier configuration; the
         test score never decides.
 
@@ -95,10 +96,11 @@ def select_per_fold(runs: list[dict]) -> dict:
         won per configuration name), over the folds that every run has.
     """
     folds = min((len(r["folds"]) for r in runs), default=0)
+    sign = -1 if runs and runs[0].get("metric") in ("rmse", "mae") else 1
     picks, chosen, records = {}, [], []
     for fold in range(folds):
         index = max(range(len(runs)), key=lambda i: (
-            runs[i]["folds"][fold]["valid"],
+            sign * runs[i]["folds"][fold]["valid"],
             -runs[i]["folds"][fold]["valid_loss"], -i))
         chosen.append(index)
         records.append(runs[index]["folds"][fold])

@@ -13,12 +13,18 @@ copy in OGB's layout (``ROOT/ogbg_molbace/raw/*.csv.gz``, ``split/``,
   ``~/.cache/hmgraph``; the digest names the source's content, see
   `hmgraph.datasets.sources`), and ogb works on the copy.
 
-Only single-task binary classification datasets are supported (``ogbg-
-molhiv``, ``ogbg-molbace``, ``ogbg-molbbbp``): the classifier is trained
-with two classes and scored with OGB's ``Evaluator`` (ROC-AUC) on the
-probability of class 1. Atom features (9 categorical columns) become the
-concatenation of their one-hots (``ogb.utils.features.
-get_atom_feature_dims``, 174 columns).
+Every molecule set of ogb 1.3.6's ``master.csv`` (``ogbg-mol*``:
+single- and multi-task binary classification such as ``ogbg-molhiv`` /
+``ogbg-moltox21``, regression such as ``ogbg-molesol``) loads the same
+way, as OGB's own examples train them: labels are float, shape
+``(num_graphs, num_tasks)``, NaN where a task is unlabelled; the model has
+one output per task (``num_classes`` is the number of tasks); the loss is
+binary cross-entropy on the logits (classification) or squared error
+(regression) over the labelled entries only; OGB's ``Evaluator`` scores
+the raw outputs (``rocauc``, ``ap`` or ``rmse``). Atom features (9
+categorical columns) become the concatenation of their one-hots
+(``ogb.utils.features.get_atom_feature_dims``, 174 columns); bond
+features are not used.
 """
 
 from __future__ import annotations
@@ -39,27 +45,45 @@ from hmgraph.datasets.pickles import ogb_split
 from hmgraph.datasets.sources import source_digest, source_files
 from hmgraph.datasets.tu import GraphDataset
 
-__all__ = ["OGB_GRAPH_DATASETS", "load_ogbg"]
+__all__ = ["OGB_GRAPH_DATASETS", "TASK_TYPES", "load_ogbg"]
 
-# Single-task binary classification in ogb 1.3.6's master.csv.
-OGB_GRAPH_DATASETS = ("ogbg-molhiv", "ogbg-molbace", "ogbg-molbbbp")
+
+def _molecule_sets() -> tuple:
+    """The ``ogbg-mol*`` names of ogb's ``master.csv``, in its order."""
+    import ogb.graphproppred
+    import pandas as pd
+
+    master = pd.read_csv(Path(ogb.graphproppred.__file__).with_name(
+        "master.csv"), index_col=0)
+    return tuple(name for name in master.columns
+                 if name.startswith("ogbg-mol"))
+
+
+#: Every OGB molecule set (ogb 1.3.6: bace, bbbp, clintox, muv, pcba,
+#: sider, tox21, toxcast, hiv, esol, freesolv, lipo, chembl).
+OGB_GRAPH_DATASETS = _molecule_sets()
+#: ogb's task types, as `GraphDataset.task` names them.
+TASK_TYPES = {"binary classification": "binary", "regression": "regression"}
 
 
 def load_ogbg(name: str, root: str | os.PathLike) -> GraphDataset:
-    """Load an OGB graph-classification dataset from ``root``.
+    """Load an OGB molecule dataset from ``root``.
 
     Parameters
     ----------
     name : str
-        One of `OGB_GRAPH_DATASETS`, e.g. ``"ogbg-molbace"``.
+        One of `OGB_GRAPH_DATASETS`, e.g. ``"ogbg-molesol"``.
     root : str or os.PathLike
         Folder that holds ``ogbg_molbace/`` (OGB's folder name).
 
     Returns
     -------
     GraphDataset
-        Features on the CPU, labels 0/1, ``metric`` from OGB (``rocauc``),
-        ``evaluator`` an ``ogb.graphproppred.Evaluator``, ``split`` the
+        Features on the CPU; ``labels`` float32 ``(num_graphs,
+        num_tasks)``, NaN where unlabelled; ``task`` ``"binary"`` or
+        ``"regression"``; ``num_classes`` the number of tasks;
+        ``metric`` from OGB (``rocauc``, ``ap``, ``rmse``);
+        ``evaluator`` an ``ogb.graphproppred.Evaluator``; ``split`` the
         official scaffold split.
 
     Raises
@@ -104,10 +128,14 @@ def _from_ogb(name: str, folder: Path) -> GraphDataset:
     features = np.zeros((atoms.shape[0], int(sum(dims))), dtype=np.float32)
     rows = np.repeat(np.arange(atoms.shape[0]), atoms.shape[1])
     features[rows, (atoms + offsets).reshape(-1)] = 1.0
-    labels = ds.labels.reshape(-1).long()
+    task = TASK_TYPES.get(ds.task_type)
+    if task is None:  # not a molecule set's: none of ogb 1.3.6's has it
+        raise DatasetError(f"{name}: task type {ds.task_type!r} is not "
+                           f"supported; supported: {', '.join(TASK_TYPES)}")
+    labels = ds.labels.reshape(len(ds.graphs), -1).float()
     return GraphDataset.from_edges(
         name, src.numpy(), dst.numpy(), graph.batch_num_nodes().numpy(),
-        features, labels.numpy(), num_classes=2,
+        features, labels.numpy(), num_classes=int(ds.num_tasks), task=task,
         metric=ds.eval_metric, evaluator=Evaluator(name),
         split={k: torch.as_tensor(v).long() for k, v in split.items()},
         info={"folder": str(folder)},

@@ -63,7 +63,8 @@ class TUFormatError(DatasetError):
 
 @dataclass
 class GraphDataset:
-    """A set of graphs with one class label each, stored flat.
+    """A set of graphs with one label (or one row of task labels) each,
+    stored flat.
 
     Graph ``g`` owns nodes ``node_ptr[g]:node_ptr[g + 1]`` of ``features``
     and edges ``edge_ptr[g]:edge_ptr[g + 1]`` of ``src`` / ``dst``, whose
@@ -81,11 +82,18 @@ class GraphDataset:
     features : torch.Tensor
         float32, shape ``(total nodes, feat_dim)``.
     labels : torch.Tensor
-        int64 classes in ``0 .. num_classes - 1``, shape ``(num_graphs,)``.
+        ``task == "multiclass"`` (TU): int64 classes in ``0 .. num_classes
+        - 1``, shape ``(num_graphs,)``. Otherwise (OGB): float32, shape
+        ``(num_graphs, num_classes)``, one column per task, NaN where a
+        graph has no label for the task.
     num_classes : int
-        Number of classes.
+        Number of classes (multiclass), else of tasks: the model's output
+        width either way.
+    task : str
+        ``"multiclass"`` (one softmax over classes), ``"binary"`` (one
+        logit per task) or ``"regression"`` (one value per task).
     metric : str
-        ``"acc"`` (TU) or the OGB evaluator's metric (``"rocauc"``).
+        ``"acc"`` (TU) or the OGB evaluator's (``"rocauc"``, ``"rmse"``).
     evaluator : object or None
         ``ogb.graphproppred.Evaluator`` for OGB datasets, else None.
     split : dict of str to torch.Tensor or None
@@ -104,6 +112,7 @@ class GraphDataset:
     features: torch.Tensor
     labels: torch.Tensor
     num_classes: int
+    task: str = "multiclass"
     metric: str = "acc"
     evaluator: object = None
     split: dict | None = None
@@ -209,11 +218,14 @@ class GraphDataset:
         features : array-like
             Node features, ``(sum(num_nodes), feat_dim)``, cast to float32.
         labels : array-like
-            Classes ``0 .. num_classes - 1``, one per graph.
+            Classes ``0 .. num_classes - 1``, one per graph (cast to
+            int64); with ``task`` other than ``"multiclass"`` in kwargs,
+            ``(num_graphs, num_tasks)`` values (cast to float32).
         num_classes : int
-            Number of classes.
+            Number of classes (or of tasks).
         **kwargs
-            Other `GraphDataset` fields (``metric``, ``split``, ...).
+            Other `GraphDataset` fields (``task``, ``metric``, ``split``,
+            ...).
         """
         src, dst = np.asarray(src, np.int64), np.asarray(dst, np.int64)
         num_nodes = np.asarray(num_nodes, np.int64)
@@ -235,7 +247,9 @@ class GraphDataset:
             src=torch.from_numpy(src - local),
             dst=torch.from_numpy(dst - local),
             features=torch.as_tensor(np.asarray(features, np.float32)),
-            labels=torch.as_tensor(np.asarray(labels, np.int64)),
+            labels=torch.as_tensor(np.asarray(
+                labels, np.int64 if kwargs.get("task", "multiclass")
+                == "multiclass" else np.float32)),
             num_classes=int(num_classes), **kwargs,
         )
 

@@ -5,10 +5,10 @@ holds what one device was measured to do:
 
 * ``block_bytes``: its logical block size, the unit ``O_DIRECT`` reads
   align to (512 B on most NVMe and virtio disks, 4096 B on some);
-* ``iops``: random 4 KiB ``O_DIRECT`` reads per second with ``queue_depth``
-  requests in flight (the storage tier's thread count);
-* ``bandwidth``: bytes per second of large reads, ``queue_depth`` in
-  flight.
+* ``queue_depth``: requests in flight, measured where reads/s stop
+  growing (1 to 128 tried; the storage tier keeps that many in flight);
+* ``iops``: random 4 KiB ``O_DIRECT`` reads per second at that depth;
+* ``bandwidth``: bytes per second of large reads at that depth.
 
 A read plan that issues ``r`` requests for ``b`` bytes then costs about
 ``r / iops + b / bandwidth`` seconds (`DiskModel.seconds`), and a gap
@@ -16,9 +16,14 @@ between two wanted blocks is worth reading through when it is shorter than
 ``bandwidth / iops`` bytes (`DiskModel.gap_bytes`): moving those bytes
 costs less than one more request.
 
-`disk_model` measures a device once, briefly (about two seconds, on the
+`disk_model` measures a device once, briefly (about three seconds, on the
 feature file itself), and caches the result in ``<file>.disk.json`` beside
 the file, keyed by the device id, and in memory for the process.
+
+Depth matters more than any other setting: the planner reads through a
+gap shorter than ``bandwidth / iops`` bytes, and measured at depth 4 on a
+disk that serves 4x the reads/s at depth 64, that gap is 4x too long and
+every batch reads bytes it does not need.
 
 `read_plan` is the planner's first step, shared by the storage tier and the
 analysis: the block runs a set of rows needs under a gap rule, and what
@@ -34,21 +39,21 @@ import mmap
 import numbers
 import os
 import threading
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
+from hmgraph.cache.diskio import reads_per_second
 from hmgraph.cache.format import PAGE_BYTES, atomic_path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BLOCK_SIZES", "DiskModel", "ReadPlan", "block_span", "disk_model",
-           "measure_disk", "read_plan"]
+__all__ = ["BLOCK_SIZES", "DEPTHS", "DiskModel", "ReadPlan", "block_span",
+           "choose_depth", "disk_model", "measure_disk", "read_plan"]
 
 #: Version of the cached measurement; older caches are measured again.
-_MODEL_VERSION = 2
+_MODEL_VERSION = 3
 _IOPS_READ_BYTES = 4096
 _SEQ_READ_BYTES = 1 << 20
 _PROBE_SIZES = (512, 1024, 2048, 4096)
@@ -74,6 +79,9 @@ class DiskModel:
         Requests in flight while measuring (the tier's threads).
     device : int
         ``st_dev`` of the file measured on.
+    sweep : tuple of (int, float)
+        Reads/s per depth tried, where the depth was chosen by
+        measurement (`measure_disk`); empty otherwise.
     """
 
     block_bytes: int
@@ -81,6 +89,7 @@ class DiskModel:
     bandwidth: float
     queue_depth: int
     device: int = 0
+    sweep: tuple = ()
 
     def __post_init__(self):
         block = self.block_bytes
@@ -101,6 +110,13 @@ class DiskModel:
                     f"{key} must be positive and finite ({unit}), got "
                     f"{value!r}"
                 )
+        depth = self.queue_depth
+        if isinstance(depth, bool) or not isinstance(depth, numbers.Integral) \
+                or depth < 1:
+            raise ValueError(
+                f"queue_depth must be a positive integer (requests in "
+                f"flight), got {depth!r}"
+            )
 
     def seconds(self, requests: int, nbytes: int) -> float:
         """Modelled seconds of ``requests`` reads moving ``nbytes``."""
@@ -121,6 +137,11 @@ class DiskModel:
                 f"{self.queue_depth}, {self.bandwidth / 1e9:.2f} GB/s "
                 f"sequential, {self.block_bytes} B blocks (read through "
                 f"gaps under {self.gap_bytes / 1024:.0f} KiB)")
+
+    def describe_sweep(self) -> str:
+        """Reads/s per depth tried, one line (empty without a sweep)."""
+        return ", ".join(f"{depth}: {rate:,.0f}" for depth, rate in
+                         self.sweep)
 
 
 #: Used where nothing can be measured (no O_DIRECT): a page per block and
@@ -152,49 +173,33 @@ def _block_bytes(fd: int, limit: int) -> int | None:
     return None
 
 
-def _hammer(fd: int, offsets: np.ndarray, size: int, threads: int,
-            seconds: float) -> tuple[int, float]:
-    """Read ``size`` bytes at ``offsets`` from ``threads`` threads.
-
-    Each thread takes the next offset in turn (so ``threads`` requests are
-    in flight) until the offsets or the time run out. Returns the reads
-    done and the seconds taken.
-    """
-    position = iter(range(len(offsets)))
-    lock = threading.Lock()
-    deadline = time.perf_counter() + seconds
-    done = [0] * threads
-
-    def work(index: int) -> None:
-        buffer = mmap.mmap(-1, size)
-        view = memoryview(buffer)
-        while time.perf_counter() < deadline:
-            with lock:
-                at = next(position, None)
-            if at is None:
-                return
-            os.preadv(fd, [view], int(offsets[at]))
-            done[index] += 1
-
-    began = time.perf_counter()
-    workers = [threading.Thread(target=work, args=(i,), daemon=True)
-               for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    return sum(done), max(time.perf_counter() - began, 1e-9)
+#: Queue depths `measure_disk` tries when it chooses one.
+DEPTHS = (1, 2, 4, 8, 16, 32, 64, 128)
+#: A depth is deep enough once its reads/s reach this share of the best.
+_KNEE = 0.9
 
 
-def measure_disk(path: str | os.PathLike, queue_depth: int = 4,
-                 seconds: float = 2.0, seed: int = 0) -> DiskModel:
+def choose_depth(sweep: dict[int, float]) -> int:
+    """The shallowest depth whose reads/s reach 90% of the best measured:
+    where reads/s stop growing. Deeper queues cost threads and latency
+    for nothing once the device is saturated."""
+    best = max(sweep.values())
+    return min(depth for depth, rate in sweep.items() if rate >= _KNEE * best)
+
+
+def measure_disk(path: str | os.PathLike, queue_depth: int | None = None,
+                 seconds: float = 3.0, seed: int = 0) -> DiskModel:
     """Measure the device holding ``path`` by reading ``path`` itself.
 
-    After a warm-up of a tenth of ``seconds``, half of ``seconds`` goes to
-    random 4 KiB ``O_DIRECT`` reads at random page offsets of the file,
-    half to 1 MiB reads sweeping the file, each with ``queue_depth``
-    threads reading. The logical block size is the
-    smallest read ``O_DIRECT`` accepts (probed at 512 B to 4 KiB).
+    Random 4 KiB ``O_DIRECT`` reads at random page offsets of the file,
+    ``queue_depth`` in flight (compiled threads, `hmgraph.cache.diskio`),
+    then 1 MiB reads sweeping the file at the same depth. With
+    ``queue_depth=None`` the random reads are measured at every depth of
+    `DEPTHS` (about half of ``seconds`` in all) and the model is the
+    depth `choose_depth` picks; its ``sweep`` holds every depth's reads/s.
+    A short warm-up comes first: virtual disks start slow after idling.
+    The logical block size is the smallest read ``O_DIRECT`` accepts
+    (probed at 512 B to 4 KiB).
 
     Returns `FALLBACK` (with a warning in the log) where the file cannot
     be opened with ``O_DIRECT`` or is smaller than two pages.
@@ -209,36 +214,40 @@ def measure_disk(path: str | os.PathLike, queue_depth: int = 4,
         log.warning("%s: cannot measure the disk (no O_DIRECT or too "
                     "small); using %s", path, FALLBACK.describe())
         return DiskModel(**dict(asdict(FALLBACK), device=device))
+    depths = DEPTHS if queue_depth is None else (queue_depth,)
     try:
         block = _block_bytes(fd, size) or PAGE_BYTES
         rng = np.random.default_rng(seed)
-        pages = size // PAGE_BYTES
-        offsets = rng.integers(0, pages, 1 << 21) * PAGE_BYTES
-        # Virtual disks start slow after idling: a short warm-up first.
-        _hammer(fd, offsets[-(1 << 20):], _IOPS_READ_BYTES, queue_depth,
-                seconds / 10)
-        reads, took = _hammer(fd, offsets, _IOPS_READ_BYTES, queue_depth,
-                              seconds / 2)
-        iops = reads / took
+        offsets = rng.integers(0, size // PAGE_BYTES, 1 << 20) * PAGE_BYTES
+        reads_per_second(fd, offsets, _IOPS_READ_BYTES, max(depths),
+                         seconds / 20)
+        each = seconds / 2 / len(depths)
+        sweep = {depth: reads_per_second(fd, offsets, _IOPS_READ_BYTES,
+                                         depth, each) for depth in depths}
+        depth = choose_depth(sweep)
         # Sequential: consecutive 1 MiB reads, wrapping around small files.
-        chunks = max(1, size // _SEQ_READ_BYTES)
-        sweep = (np.arange(1 << 16) % chunks) * _SEQ_READ_BYTES
         length = min(_SEQ_READ_BYTES, size - size % PAGE_BYTES)
-        reads, took = _hammer(fd, sweep, length, queue_depth, seconds / 2)
-        bandwidth = reads * length / took
+        chunks = max(1, size // length)
+        sweep_offsets = (np.arange(1 << 16) % chunks) * length
+        bandwidth = length * reads_per_second(fd, sweep_offsets, length,
+                                              depth, seconds / 2)
     finally:
         os.close(fd)
-    return DiskModel(block, iops, bandwidth, queue_depth, device)
+    return DiskModel(block, sweep[depth], bandwidth, depth, device,
+                     tuple(sorted(sweep.items())) if len(sweep) > 1 else ())
 
 
-def disk_model(path: str | os.PathLike, queue_depth: int = 4,
-               seconds: float = 2.0, refresh: bool = False) -> DiskModel:
+def disk_model(path: str | os.PathLike, queue_depth: int | None = None,
+               seconds: float = 3.0, refresh: bool = False) -> DiskModel:
     """The device model for ``path``'s device: cached, else measured.
 
-    The measurement is kept in ``<path>.disk.json`` (written atomically)
-    and in memory, keyed by the device id and queue depth; a cache from
-    another device (the file was moved) is measured again, and so is any
-    with ``refresh`` (a disk whose speed has drifted: ``hmgraph disk
+    ``queue_depth=None`` (the storage tier's default) asks for the depth
+    where the device's reads/s stop growing (`measure_disk`); a number
+    asks for the model at that depth. Measurements are kept in
+    ``<path>.disk.json`` (written atomically, one entry per depth asked
+    for) and in memory, keyed by the device id; a cache from another
+    device (the file was moved) is measured again, and so is any with
+    ``refresh`` (a disk whose speed has drifted: ``hmgraph disk
     --refresh``).
     """
     path = Path(path)
@@ -252,47 +261,79 @@ def disk_model(path: str | os.PathLike, queue_depth: int = 4,
         if model is None:
             model = measure_disk(path, queue_depth, seconds)
             log.info("measured %s: %s", path, model.describe())
-            try:
-                with atomic_path(cache) as tmp:
-                    tmp.write_text(json.dumps(
-                        dict(model.as_dict(), version=_MODEL_VERSION),
-                        indent=1))
-            except OSError as err:  # a read-only dataset folder
-                log.info("cannot cache the disk model in %s: %s", cache, err)
+            _save(cache, model, queue_depth)
         _memo[key] = model
         return model
 
 
-def _load(cache: Path, device: int, queue_depth: int) -> DiskModel | None:
-    """The model cached in ``cache``; None: measure again.
+def _entry(queue_depth: int | None) -> str:
+    """The cache file's key for a depth asked for."""
+    return "chosen" if queue_depth is None else str(queue_depth)
 
-    A cache of another version, device or queue depth is measured again
-    quietly; one that cannot be read or holds a bad value (NaN IOPS, an
-    infinite bandwidth, a block size of 8 or 512.0) is measured again with
-    a warning naming the file, the key and the valid range, and then
-    rewritten by `disk_model`.
-    """
+
+def _save(cache: Path, model: DiskModel, queue_depth: int | None) -> None:
+    """Add ``model`` to the cache file (entries of other devices and
+    versions dropped)."""
+    record = _read(cache, quiet=True) or {}
+    if record.get("version") != _MODEL_VERSION \
+            or record.get("device") != model.device \
+            or not isinstance(record.get("models"), dict):
+        record = {"version": _MODEL_VERSION, "device": model.device,
+                  "models": {}}
+    record["models"][_entry(queue_depth)] = model.as_dict()
+    try:
+        with atomic_path(cache) as tmp:
+            tmp.write_text(json.dumps(record, indent=1))
+    except OSError as err:  # a read-only dataset folder
+        log.info("cannot cache the disk model in %s: %s", cache, err)
+
+
+def _read(cache: Path, quiet: bool = False) -> dict | None:
+    """The cache file's record, or None (with a warning unless quiet)."""
     try:
         record = json.loads(cache.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as err:
-        log.warning("%s is unreadable (%s); measuring the disk again",
-                    cache, err)
+        if not quiet:
+            log.warning("%s is unreadable (%s); measuring the disk again",
+                        cache, err)
         return None
     if not isinstance(record, dict):
-        log.warning("%s holds no disk model; measuring the disk again", cache)
+        if not quiet:
+            log.warning("%s holds no disk model; measuring the disk again",
+                        cache)
         return None
-    if (record.get("version") != _MODEL_VERSION
-            or record.get("device") != device
-            or record.get("queue_depth") != queue_depth):
+    return record
+
+
+def _load(cache: Path, device: int, queue_depth: int | None
+          ) -> DiskModel | None:
+    """The model cached in ``cache`` for ``queue_depth``; None: measure.
+
+    A cache of another version or device, or without the depth asked
+    for, is measured again quietly; one that cannot be read or holds a
+    bad value (NaN IOPS, an infinite bandwidth, a block size of 8 or
+    512.0) is measured again with a warning naming the file, the key and
+    the valid range, and then rewritten by `disk_model`.
+    """
+    record = _read(cache)
+    if record is None or record.get("version") != _MODEL_VERSION \
+            or record.get("device") != device:
+        return None
+    entry = (record.get("models") or {}).get(_entry(queue_depth))
+    if not isinstance(entry, dict):
         return None
     try:
-        return DiskModel(record["block_bytes"], record["iops"],
-                         record["bandwidth"], queue_depth, device)
+        depth = entry["queue_depth"]
+        if queue_depth is not None and depth != queue_depth:
+            return None
+        return DiskModel(entry["block_bytes"], entry["iops"],
+                         entry["bandwidth"], depth, device,
+                         tuple(tuple(pair) for pair in entry.get("sweep", ())))
     except KeyError as err:
         log.warning("%s lacks %s; measuring the disk again", cache, err)
-    except ValueError as err:
+    except (TypeError, ValueError) as err:
         log.warning("%s: %s; measuring the disk again", cache, err)
     return None
 

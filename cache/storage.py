@@ -18,21 +18,24 @@ One read request goes through five steps, all vectorised over the ids:
    (`hmgraph.cache.disk`): a gap is read through when moving its bytes
    costs less than one more request.
 4. Group the runs into tasks of about ``chunk_bytes`` and hand them to a
-   thread pool. Each task reads its runs with ``os.preadv`` into one
-   page-aligned buffer (an anonymous ``mmap``), then gathers its rows out of
-   the buffer. ``preadv`` releases the GIL, so several reads are in flight.
-5. Scatter the unique rows back to request order.
+   pool of ``num_threads`` threads. Each task reads its runs into one
+   page-aligned buffer (an anonymous ``mmap``) in a compiled loop of
+   ``pread`` calls that holds no GIL (`hmgraph.cache.diskio`), so
+   ``num_threads`` requests stay in flight while sampling and training
+   go on.
+5. Copy each row out of its task's buffer straight to its place in the
+   output (compiled too): no second pass to reorder them.
 
-Coalescing matters more than parallelism on the disks this runs on: they
-serve about 5-25 thousand random 4 KiB ``O_DIRECT`` reads per second, but
-0.5-1 GB/s in 1 MiB reads, so a gap of some 50 KiB costs as much as one
-request. The threads keep a few requests queued on the device. Longer
-runs still help when a request covers most of the file (as the input rows
-of a large mini-batch do): one 0.96 GB gather of 531 thousand random rows
-took 1.11 s in 1 MiB runs and 0.85 s in 4 MiB runs, with 4 threads.
+How many requests to keep in flight is measured, not guessed: the disk
+model (`hmgraph.cache.disk`) tries depths 1 to 128 and the tier uses the
+depth where random reads/s stop growing (64 on the virtio disk this was
+written on, with 3.6x the reads/s of depth 4). The same model prices a
+request against a byte, so a gap is read through only when it is cheaper
+than one more request at that depth (10 KiB there, against 49 KiB at
+depth 4).
 
 The counters (`StorageStats`) are in the disk's units: requests
-(``preadv`` calls), blocks and bytes read, the bytes of the rows served,
+(``pread`` calls), blocks and bytes read, the bytes of the rows served,
 their ratio (read amplification), and the model's seconds for the reads
 issued next to the seconds they took.
 
@@ -59,6 +62,7 @@ import torch
 
 from .buffers import BufferPool
 from .disk import FALLBACK, DiskModel, disk_model, read_plan
+from .diskio import address, read_runs
 from .engine import argsort, byte_rows, scatter_rows
 from .feature import Feature, check_ids, torch_dtype
 from .format import PAGE_BYTES, REBUILD, read_manifest
@@ -88,7 +92,7 @@ class StorageStats:
     useful_bytes : int
         Bytes of the rows read (``rows_read * row_bytes``).
     io_requests : int
-        ``preadv`` calls: the requests the disk served.
+        ``pread`` calls: the requests the disk served.
     seconds : float
         Wall time spent in ``read``.
     model_seconds : float
@@ -133,9 +137,9 @@ class _Task:
     """One buffer's worth of work: block runs in, rows out."""
 
     buffer_blocks: int
-    run_file_blocks: list[int]
-    run_blocks: list[int]
-    run_buffer_blocks: list[int]
+    run_file_blocks: np.ndarray  # int64 per run
+    run_blocks: np.ndarray
+    run_buffer_blocks: np.ndarray
     row_start: int  # slice of the unique rows this task fills
     row_stop: int
     row_elements: np.ndarray  # element offset of each row in the buffer
@@ -148,25 +152,30 @@ class StorageFeature(Feature):
     ----------
     path : str or os.PathLike
         A feature file written by `hmgraph.cache.format.write_feature_file`.
-    num_threads : int
-        Threads issuing reads (the queue depth); default 4.
+    num_threads : int, optional
+        Threads issuing reads, the queue depth; default the depth the disk
+        model was measured to need (`hmgraph.cache.disk.disk_model`), 4
+        without a measured model.
     direct : bool
         Open with ``O_DIRECT`` (bypass the page cache); default True. Where
         the filesystem refuses it, reads are buffered and a
         ``RuntimeWarning`` naming the file is emitted once.
     disk : DiskModel, "auto" or None
         What the disk charges: ``"auto"`` (default) measures the device
-        once at ``num_threads`` queue depth (cached beside the file, see
+        once (at ``num_threads`` queue depth where given, else at the depth
+        where its reads/s stop growing; cached beside the file, see
         `hmgraph.cache.disk.disk_model`); None uses
         `hmgraph.cache.disk.FALLBACK` (4 KiB pages, no measurement).
     block_bytes : int, optional
         Read unit; default the model's logical block size (the page size
         for buffered reads). Must divide 4096.
-    max_run_bytes : int
-        Largest single read, in bytes; default 4 MiB. Rounded down to whole
-        blocks; must be at least 4096.
-    chunk_bytes : int
-        Target size of one task's buffer, in bytes; default 16 MiB. Must be
+    max_run_bytes : int, optional
+        Largest single read, in bytes; default 4 MiB or ``chunk_bytes``,
+        whichever is less. Rounded down to whole blocks; must be at least
+        4096.
+    chunk_bytes : int, optional
+        Target size of one task's buffer, in bytes; default 128 MiB shared
+        by the threads (16 MiB at most, one page at least, each). Must be
         at least ``max_run_bytes``, since a task holds whole runs. A task
         holds whole rows and keeps adjacent rows together up to this size,
         so its buffer can reach about twice this (plus one row). Small
@@ -208,35 +217,37 @@ class StorageFeature(Feature):
     def __init__(
         self,
         path: str | os.PathLike,
-        num_threads: int = 4,
+        num_threads: int | None = None,
         direct: bool = True,
         disk: DiskModel | str | None = "auto",
         block_bytes: int | None = None,
-        max_run_bytes: int = 4 << 20,
-        chunk_bytes: int = 16 << 20,
+        max_run_bytes: int | None = None,
+        chunk_bytes: int | None = None,
         max_gap_bytes: int | None = None,
     ):
-        if not isinstance(num_threads, int) or num_threads < 1:
+        if num_threads is not None and (
+                not isinstance(num_threads, int) or num_threads < 1):
             raise ValueError(
                 f"num_threads must be a positive int, got {num_threads!r}"
-            )
-        if max_run_bytes < PAGE_BYTES:
-            raise ValueError(
-                f"max_run_bytes must be at least one page ({PAGE_BYTES}), "
-                f"got {max_run_bytes}"
-            )
-        if chunk_bytes < max_run_bytes:
-            raise ValueError(
-                f"chunk_bytes ({chunk_bytes}) must be at least max_run_bytes "
-                f"({max_run_bytes}): a task reads whole runs"
-            )
-        if max_gap_bytes is not None and max_gap_bytes < 0:
-            raise ValueError(
-                f"max_gap_bytes must be >= 0, got {max_gap_bytes}"
             )
         if disk not in ("auto", None) and not isinstance(disk, DiskModel):
             raise ValueError(
                 f"disk must be a DiskModel, 'auto' or None, got {disk!r}"
+            )
+        if max_run_bytes is not None and max_run_bytes < PAGE_BYTES:
+            raise ValueError(
+                f"max_run_bytes must be at least one page ({PAGE_BYTES}), "
+                f"got {max_run_bytes}"
+            )
+        least = max_run_bytes or PAGE_BYTES
+        if chunk_bytes is not None and chunk_bytes < least:
+            raise ValueError(
+                f"chunk_bytes ({chunk_bytes}) must be at least max_run_bytes "
+                f"({least}): a task reads whole runs"
+            )
+        if max_gap_bytes is not None and max_gap_bytes < 0:
+            raise ValueError(
+                f"max_gap_bytes must be >= 0, got {max_gap_bytes}"
             )
         self._fd = -1
         self._closed = True
@@ -256,15 +267,42 @@ class StorageFeature(Feature):
         self._data_offset = manifest.data_offset
         self._file_bytes = manifest.file_bytes
         self._fd, self.direct = self._open(direct)
-        if disk == "auto":
-            disk = disk_model(self.path, num_threads) if self.direct \
-                else FALLBACK
-        self.disk = disk or FALLBACK
+        try:
+            if disk == "auto":
+                disk = disk_model(self.path, num_threads) if self.direct \
+                    else FALLBACK
+            self.disk = disk or FALLBACK
+            self._set_geometry(num_threads or self.disk.queue_depth,
+                               block_bytes, max_run_bytes, chunk_bytes,
+                               max_gap_bytes)
+        except BaseException:
+            os.close(self._fd)
+            self._fd = -1
+            raise
+        self.stats = StorageStats(block_bytes=self.block_bytes)
+        self._lock = threading.Lock()
+        self._buffers = threading.local()
+        # Batches' rows in reused memory, once nobody holds them.
+        self._rows = BufferPool(self.row_shape, self.dtype)
+        self._pool = ThreadPoolExecutor(
+            self.num_threads, thread_name_prefix="hmgraph-storage"
+        )
+        self._closed = False
+
+    def _set_geometry(self, num_threads: int, block_bytes: int | None,
+                      max_run_bytes: int | None, chunk_bytes: int | None,
+                      max_gap_bytes: int | None) -> None:
+        """Fill in the read sizes' defaults; check the block size."""
+        if chunk_bytes is None:
+            chunk_bytes = max(PAGE_BYTES, min(16 << 20,
+                                              (128 << 20) // num_threads),
+                              max_run_bytes or 0)
+        if max_run_bytes is None:
+            max_run_bytes = min(4 << 20, chunk_bytes)
         if block_bytes is None:
             block_bytes = self.disk.block_bytes if self.direct else PAGE_BYTES
         if block_bytes < 1 or PAGE_BYTES % block_bytes \
                 or block_bytes % self._np_dtype.itemsize:
-            os.close(self._fd)
             raise ValueError(
                 f"block_bytes must divide {PAGE_BYTES} and be a multiple of "
                 f"the {self._np_dtype.itemsize}-byte element, got "
@@ -278,15 +316,6 @@ class StorageFeature(Feature):
         self._max_run_blocks = max_run_bytes // block_bytes
         self._chunk_blocks = chunk_bytes // block_bytes
         self.num_threads = num_threads
-        self.stats = StorageStats(block_bytes=block_bytes)
-        self._lock = threading.Lock()
-        self._buffers = threading.local()
-        # Batches' rows in reused memory, once nobody holds them.
-        self._rows = BufferPool(self.row_shape, self.dtype)
-        self._pool = ThreadPoolExecutor(
-            num_threads, thread_name_prefix="hmgraph-storage"
-        )
-        self._closed = False
 
     def _open(self, direct: bool) -> tuple[int, bool]:
         """Open the file; fall back to buffered reads if O_DIRECT fails."""
@@ -557,9 +586,9 @@ class StorageFeature(Feature):
             rows = slice(task_rows[index], task_rows[index + 1])
             tasks.append(_Task(
                 buffer_blocks=int(task_blocks[index]),
-                run_file_blocks=run_first[runs].tolist(),
-                run_blocks=run_blocks[runs].tolist(),
-                run_buffer_blocks=run_buffer[runs].tolist(),
+                run_file_blocks=run_first[runs],
+                run_blocks=run_blocks[runs],
+                run_buffer_blocks=run_buffer[runs],
                 row_start=rows.start,
                 row_stop=rows.stop,
                 row_elements=row_elements[rows],
@@ -573,45 +602,53 @@ class StorageFeature(Feature):
         Returns
         -------
         (int, int, int)
-            Blocks read, bytes transferred and ``preadv`` calls.
+            Blocks read, bytes transferred and ``pread`` calls.
         """
         block = self.block_bytes
-        buffer = self._buffer(task.buffer_blocks * block)
-        view = memoryview(buffer)
-        nbytes = reads = 0
-        for file_block, blocks, buffer_block in zip(
-            task.run_file_blocks, task.run_blocks, task.run_buffer_blocks,
-            strict=True,
-        ):
-            low = buffer_block * block
-            run_bytes, run_reads = self._read_run(
-                view[low:low + blocks * block], file_block * block
-            )
-            nbytes += run_bytes
-            reads += run_reads
+        view, base = self._buffer(task.buffer_blocks * block)
+        runs = (task.run_file_blocks * block, task.run_blocks * block,
+                task.run_buffer_blocks * block)
+        counts = np.zeros(2, dtype=np.int64)
+        first = 0
+        while first < len(task.run_blocks):
+            # The compiled loop issues the runs back to back, GIL free.
+            failed = read_runs(self._fd, base, *(r[first:] for r in runs),
+                               block if self.direct else 1, counts)
+            if failed < 0:
+                break
+            # Read the failed run again in Python for its error message (a
+            # transient error reads it and goes on).
+            failed += first
+            low = int(runs[2][failed])
+            counts += self._read_run(
+                memoryview(view)[low:low + int(runs[1][failed])],
+                int(runs[0][failed]))
+            first = failed + 1
         # Row i of the task starts at element row_elements[i] of the
         # buffer; the compiled kernel copies each to its place, GIL free.
         targets, which, where = into
-        scatter_rows(np.frombuffer(buffer, dtype=np.uint8),
-                     task.row_elements * self._np_dtype.itemsize,
+        scatter_rows(view, task.row_elements * self._np_dtype.itemsize,
                      self._row_nbytes, targets, which, where, task.row_start)
-        return sum(task.run_blocks), nbytes, reads
+        return int(task.run_blocks.sum()), int(counts[0]), int(counts[1])
 
-    def _buffer(self, nbytes: int) -> mmap.mmap:
-        """This thread's page-aligned buffer of at least ``nbytes``.
+    def _buffer(self, nbytes: int) -> tuple[np.ndarray, int]:
+        """This thread's page-aligned buffer of at least ``nbytes``, and
+        its address.
 
         Kept between reads: a fresh anonymous mapping per task would cost
         a zero-filled page fault for every page read.
         """
         buffer = getattr(self._buffers, "buffer", None)
-        if buffer is None or len(buffer) < nbytes:
+        if buffer is None or len(buffer[0]) < nbytes:
             # The old mapping is unmapped once its last view is gone.
-            buffer = mmap.mmap(-1, nbytes)
+            buffer = address(mmap.mmap(-1, nbytes))
             self._buffers.buffer = buffer
         return buffer
 
     def _read_run(self, view: memoryview, offset: int) -> tuple[int, int]:
-        """Fill ``view`` from file ``offset``; return (bytes, preadv calls)."""
+        """Fill ``view`` from file ``offset`` with ``os.preadv``; return
+        (bytes, calls). Raises what the compiled loop could only report:
+        the error of a failed read, or the file found cut short."""
         length = len(view)
         done = nbytes = reads = 0
         while done < length:

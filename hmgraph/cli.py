@@ -189,13 +189,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "disk", help="the disk model a feature file is read with",
         description="Print the disk model the storage tier plans and "
         "prices reads with (logical block size, random 4 KiB reads/s at "
-        "the queue depth, sequential bandwidth, break-even gap), measured "
+        "each queue depth from 1 to 128 and the depth where they stop "
+        "growing, sequential bandwidth there, break-even gap), measured "
         "once on the file and cached beside it; --refresh measures again.",
     )
     disk.add_argument("path", help="a feature file (node-feat.bin)")
-    disk.add_argument("--threads", type=positive_int, default=4,
+    disk.add_argument("--threads", type=positive_int, default=None,
                       help="queue depth: the storage tier's threads "
-                      "(default: 4)")
+                      "(default: measured, where reads/s stop growing)")
     disk.add_argument("--refresh", action="store_true",
                       help="measure again and replace the cached model")
     from hmgraph.classify import add_parser as add_classify
@@ -312,6 +313,9 @@ def _disk_command(args) -> int:
     read_manifest(Path(args.path))  # a feature file, or a one-line error
     model = disk_model(args.path, args.threads, refresh=args.refresh)
     print(model.describe())
+    if model.sweep:
+        print(f"random 4 KiB reads/s per queue depth: "
+              f"{model.describe_sweep()}")
     print(json.dumps(model.as_dict(), indent=1))
     return 0
 

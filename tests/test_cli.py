@@ -140,6 +140,7 @@ def test_disk_prints_and_caches_the_model(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "random 4 KiB reads/s at queue depth 2" in out
     cached = json.loads((tmp_path / "node-feat.bin.disk.json").read_text())
+    cached = cached["models"]["2"]
     assert cached["queue_depth"] == 2 and cached["iops"] > 0
     printed = json.loads(out[out.index("{"):])
     assert printed["iops"] == cached["iops"]

@@ -219,8 +219,11 @@ def disk_warning(key: str, value) -> str:
     from hmgraph.cache import disk
 
     path = Path("node-feat.bin.disk.json")
-    record = dict(disk.FALLBACK.as_dict(), version=disk._MODEL_VERSION)
-    path.write_text(json.dumps(dict(record, **{key: value})))
+    record = disk.FALLBACK.as_dict()
+    path.write_text(json.dumps({
+        "version": disk._MODEL_VERSION, "device": record["device"],
+        "models": {str(record["queue_depth"]): dict(record,
+                                                    **{key: value})}}))
     records = []
     handler = logging.Handler()
     handler.emit = records.append

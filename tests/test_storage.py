@@ -21,7 +21,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hmgraph.cache import disk, storage
-from hmgraph.cache.disk import DiskModel, disk_model, measure_disk
+from hmgraph.cache.disk import (
+    DEPTHS,
+    DiskModel,
+    choose_depth,
+    disk_model,
+    measure_disk,
+)
 from hmgraph.cache.format import (
     DATA_OFFSET,
     PAGE_BYTES,
@@ -341,8 +347,10 @@ def test_float_ids_are_refused(small):
 @pytest.mark.parametrize("kwargs,message", [
     ({"num_threads": 0}, "num_threads"),
     ({"max_run_bytes": 100}, "max_run_bytes"),
-    ({"chunk_bytes": 1 << 19}, "chunk_bytes"),
-], ids=["no-threads", "run-under-a-page", "chunk-under-a-run"])
+    ({"chunk_bytes": 1 << 19, "max_run_bytes": 1 << 20}, "chunk_bytes"),
+    ({"chunk_bytes": 100}, "chunk_bytes"),
+], ids=["no-threads", "run-under-a-page", "chunk-under-a-run",
+                             "chunk-under-a-page"])
 def test_bad_settings(disk_dir, kwargs, message):
     write_feature_file(disk_dir / "feat.bin", make_rows((10, 4), np.float32))
     with pytest.raises(ValueError, match=message):
@@ -533,7 +541,8 @@ def test_disk_model_is_measured_once_and_cached_beside_the_file(
     first = disk_model(path, queue_depth=3, seconds=0.2)
     cache = disk_dir / "feat.bin.disk.json"
     record = json.loads(cache.read_text())
-    assert record["iops"] == first.iops and record["queue_depth"] == 3
+    entry = record["models"]["3"]
+    assert entry["iops"] == first.iops and entry["queue_depth"] == 3
     # A fresh process reads the cache instead of measuring again...
     monkeypatch.setattr(disk, "_memo", {})
     monkeypatch.setattr(disk, "measure_disk", _refuse)
@@ -547,6 +556,31 @@ def test_disk_model_is_measured_once_and_cached_beside_the_file(
 
 def _refuse(*args, **kwargs):
     raise AssertionError("measured again")
+
+
+def cached_models(model: DiskModel, entry: str, **values) -> dict:
+    """A ``<file>.disk.json`` record holding ``model`` (with ``values``
+    written over its fields) under ``entry``."""
+    return {"version": disk._MODEL_VERSION, "device": model.device,
+            "models": {entry: dict(model.as_dict(), **values)}}
+
+
+def test_disk_model_chooses_the_depth_where_reads_stop_growing(disk_dir):
+    assert choose_depth({1: 10.0, 4: 30.0, 16: 95.0, 64: 100.0}) == 16
+    assert choose_depth({1: 10.0, 2: 9.0}) == 1
+    path = disk_dir / "feat.bin"
+    write_feature_file(path, make_rows((5000, 100), np.float32))
+    model = measure_disk(path, seconds=0.4)
+    depths = [depth for depth, _ in model.sweep]
+    assert depths == list(DEPTHS)
+    assert model.queue_depth == choose_depth(dict(model.sweep))
+    assert model.iops == dict(model.sweep)[model.queue_depth]
+    # The storage tier keeps that many requests in flight by default.
+    with StorageFeature(path, disk=model) as feature:
+        assert feature.num_threads == model.queue_depth
+        ids = torch.tensor([4999, 0, 2500, 17])
+        assert feature.read(ids).numpy().tobytes() == make_rows(
+            (5000, 100), np.float32)[ids.numpy()].tobytes()
 
 
 def test_disk_model_rejects_bad_values():
@@ -578,8 +612,7 @@ def test_bad_cached_disk_model_is_measured_again_and_rewritten(
     cache = tmp_path / "feat.bin.disk.json"
     device = path.stat().st_dev
     fresh = DiskModel(1024, 20_000.0, 1e9, 3, device)
-    cache.write_text(json.dumps(dict(fresh.as_dict(), version=2,
-                                     **{key: value})))
+    cache.write_text(json.dumps(cached_models(fresh, "3", **{key: value})))
     monkeypatch.setattr(disk, "_memo", {})
     monkeypatch.setattr(disk, "measure_disk", lambda *args: fresh)
     with caplog.at_level("WARNING", logger="hmgraph.cache.disk"):

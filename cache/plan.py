@@ -8,6 +8,11 @@ chosen by replaying the policy on the profiled trace for several splits
 and keeping the one with the highest hit rate: the profiled hit-rate curve,
 not a constant, decides.
 
+A plan knows a policy by its class (`hmgraph.cache.policies.Policy`):
+whether it holds rows, spans the stores as one layer, looks ahead, has
+its static split replayed, its layers' bookkeeping and the rows it pins
+on the device are asked of it, never decided by its name.
+
 **Metadata is charged.** Besides rows, a cache keeps bookkeeping in host
 memory: per node of the graph (each store's id -> slot table, each
 policy's flags and ranks, the window's marks) and per cached row (slot ->
@@ -58,9 +63,6 @@ STATIC_SHARES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
 #: reported as such; more is refused.
 METADATA_SLACK_BYTES = 1 << 20
 
-#: Policies whose one layer spans the device and host stores.
-SHARED_LAYER = ("hmgraph", "degree", "presample", "layer-aware")
-
 
 #: Window read planning pays only where a batch asks for less than this
 #: share of all rows: the staging area (a share of the host budget) can
@@ -97,21 +99,12 @@ def store_metadata_bytes(num_rows: int, capacity: int) -> int:
 def _metadata_parts(policy, num_rows, device_rows, host_rows,
                     staging_rows):
     """(bytes per node, bytes for the slots) of a layout's bookkeeping."""
-    per_node = slots = 0
-    stores = [rows for rows in (device_rows, host_rows) if rows > 0]
-    if policy in SHARED_LAYER and stores:
-        layers = [sum(stores)]
-    elif policy in ("lru", "clock"):
-        layers = stores
-    else:
-        layers = []
     cls = POLICIES[policy]
-    for capacity in layers:
-        per_node += cls.node_bytes
-        slots += cls.slot_bytes * capacity
-    # One id -> slot table per store; the tiers of a shared layer share
-    # theirs (`SlotTable`).
-    tables = [sum(stores)] if policy in SHARED_LAYER and stores else stores
+    per_node, slots = cls.layout_metadata((device_rows, host_rows))
+    stores = [rows for rows in (device_rows, host_rows) if rows > 0]
+    # One id -> slot table per store; the tiers of a layer that spans
+    # them share theirs (`SlotTable`).
+    tables = [sum(stores)] if cls.spans_stores and stores else stores
     for capacity in tables + ([staging_rows] if staging_rows > 0 else []):
         per_node += store_metadata_bytes(1, capacity) - SLOT_BYTES * capacity
         slots += SLOT_BYTES * capacity
@@ -125,7 +118,7 @@ def metadata_bytes(policy: str, num_rows: int, device_rows: int,
     """Host bytes of bookkeeping a cache of this layout keeps.
 
     What `build_cache` allocates besides rows: the policies' per-node and
-    per-slot state (``node_bytes``, ``slot_bytes`` of their classes), each
+    per-slot state (`Policy.layout_metadata` of their classes), each
     store's tables (`store_metadata_bytes`) and, with staging, the
     window's marks (1 byte per node). Stores without rows, and layers
     without stores, are not built and cost nothing.
@@ -284,12 +277,14 @@ class CachePlan:
         """One line for the log."""
         text = (f"cache plan: {self.policy}, device {self.device_rows} rows,"
                 f" host {self.host_rows} rows of {self.num_rows}")
-        if self.policy == "hmgraph":
+        policy = POLICIES[self.policy]
+        if policy.splits_static:
             text += (f"; static {self.static_rows} (device "
                      f"{self.device_static_rows}, host "
                      f"{self.host_static_rows}), dynamic "
-                     f"{self.device_rows + self.host_rows - self.static_rows}"
-                     f", window {self.window}")
+                     f"{self.device_rows + self.host_rows - self.static_rows}")
+        if policy.looks_ahead:
+            text += f", window {self.window}"
         if self.staging_rows:
             text += f"; staging {self.staging_rows} host rows"
         host = self.metadata_bytes()["host"]
@@ -372,8 +367,8 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
     the host tier holds no rows, and what the budget cannot pay is
     reported as unbudgeted.
     """
-    if policy not in POLICIES or policy == "belady":
-        names = ", ".join(n for n in POLICIES if n != "belady")
+    if policy not in POLICIES or POLICIES[policy].offline:
+        names = ", ".join(n for n, c in POLICIES.items() if not c.offline)
         raise ValueError(f"unknown cache policy {policy!r}; available: "
                          f"{names}")
     if row_bytes <= 0:
@@ -381,8 +376,8 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
     if not 0.0 <= staging < 1.0:
         raise ValueError(f"staging must be a share of the host budget in "
                          f"[0, 1), got {staging}")
-    if policy == "hmgraph" and counts is None:
-        raise ValueError("the hmgraph plan needs profiled counts")
+    if POLICIES[policy].splits_static and counts is None:
+        raise ValueError(f"the {policy} plan needs profiled counts")
     device_rows = device_budget_bytes // row_bytes
     if not reuse_levels:
         plan = _layout(policy, num_rows, row_bytes, device_rows,
@@ -438,21 +433,25 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
 def _layout(policy, num_rows, row_bytes, device_rows, host_budget, staging,
             counts, trace, window, first=None) -> CachePlan:
     """The plan with ``device_rows`` device rows and what the host budget
-    holds besides; for ``hmgraph`` the static split replayed on the
-    profile (`_choose_static`), or, given a ``first`` plan of fewer
-    rows, the same share of the cache and at least its static rows."""
-    device_rows = 0 if policy == "none" else min(num_rows, device_rows)
+    holds besides; for a policy whose static split is replayed
+    (``hmgraph``) the split on the profile (`_choose_static`), or, given
+    a ``first`` plan of fewer rows, the same share of the cache and at
+    least its static rows."""
+    cls = POLICIES[policy]
+    device_rows = min(num_rows, device_rows) if cls.holds_rows else 0
     host_rows, staging_rows, charged = _host_rows(
         policy, num_rows, row_bytes, device_rows, host_budget, staging)
     plan = CachePlan(policy, num_rows, row_bytes, device_rows, host_rows,
                      staging_rows=staging_rows,
                      host_metadata_charged=charged)
-    if policy != "hmgraph":
+    if cls.looks_ahead:
+        plan.window = window
+    if not cls.splits_static:
         return plan
-    plan.window, capacity = window, device_rows + host_rows
+    capacity = device_rows + host_rows
     if first is None:
         plan.static_rows, plan.curve = _choose_static(
-            num_rows, capacity, counts, list(trace), window)
+            policy, num_rows, capacity, counts, list(trace), window)
     else:
         before = first.device_rows + first.host_rows
         share = first.static_rows / before if before else 1.0
@@ -465,10 +464,11 @@ def _layout(policy, num_rows, row_bytes, device_rows, host_budget, staging,
 def _device_resident(plan: CachePlan, counts) -> torch.Tensor | None:
     """Rows ``plan``'s device tier holds for good
     (`FeatureCache.static_on_device`), a bool per row: the hottest by
-    ``counts``, as many as the device holds of the static rows
-    (``hmgraph``) or all its rows (``presample``); None for none."""
-    rows = {"hmgraph": plan.device_static_rows,
-            "presample": plan.device_rows}.get(plan.policy, 0)
+    ``counts``, as many as its policy pins there
+    (`Policy.pinned_hot_rows`: the device's static rows for ``hmgraph``,
+    all its rows for ``presample``); None for none."""
+    rows = POLICIES[plan.policy].pinned_hot_rows(plan.device_rows,
+                                                 plan.static_rows)
     if counts is None or rows == 0:
         return None
     hottest = torch.argsort(counts.double(), descending=True, stable=True)
@@ -483,7 +483,7 @@ def _host_rows(policy, num_rows, row_bytes, device_rows, budget, staging):
     fixed = metadata_bytes(policy, num_rows, device_rows, 0)
     if budget <= 0:
         return 0, 0, fixed == 0
-    limit = 0 if policy == "none" else num_rows - device_rows
+    limit = num_rows - device_rows if POLICIES[policy].holds_rows else 0
     # Room for the bookkeeping with a host tier, and one row in it.
     need = metadata_bytes(policy, num_rows, device_rows, 1) + row_bytes \
         if limit else fixed
@@ -538,8 +538,9 @@ def _held_out(trace, num_rows) -> tuple:
     return hotness, trace[half:]
 
 
-def _choose_static(num_rows, capacity, counts, trace, window):
-    """Static rows with the best replayed hit rate on the profile."""
+def _choose_static(policy, num_rows, capacity, counts, trace, window):
+    """Static rows of ``policy`` (a name) with the best replayed hit rate
+    on the profile."""
     if capacity == 0 or len(trace) < 2:
         return capacity, []
     # A static part is judged on batches it was not chosen from.
@@ -547,9 +548,9 @@ def _choose_static(num_rows, capacity, counts, trace, window):
     curve = []
     for share in STATIC_SHARES:
         static_rows = int(round(share * capacity))
-        policy = make_policy("hmgraph", num_rows, capacity, hotness=hotness,
-                             static_rows=static_rows, window=window)
-        rate = replay(policy, held_out)
+        rate = replay(make_policy(policy, num_rows, capacity,
+                                  hotness=hotness, static_rows=static_rows,
+                                  window=window), held_out)
         curve.append({"static_share": share, "static_rows": static_rows,
                       "hit_rate": rate})
     # The highest hit rate; on a tie the larger static part (no refills).
@@ -657,31 +658,27 @@ def build_cache(source: Feature, plan: CachePlan, device="cpu", *,
     """
     device = torch.device(device)
     n, shape, dtype = source.num_rows, source.row_shape, source.dtype
+    cls = POLICIES[plan.policy]
     # Stores without rows are not built: their tables cost 4 B per node.
     # The tiers of one exclusive layer share one id -> slot table.
     both = plan.device_rows + plan.host_rows
-    table = SlotTable(n, both) if plan.policy in SHARED_LAYER else None
+    table = SlotTable(n, both) if cls.spans_stores else None
     stores = []
-    if plan.device_rows and plan.policy != "none":
+    if plan.device_rows and cls.holds_rows:
         stores.append(SlotStore("device", n, shape, dtype, plan.device_rows,
                                 device, table=table))
-    if plan.host_rows and plan.policy != "none":
+    if plan.host_rows and cls.holds_rows:
         stores.append(SlotStore("host", n, shape, dtype, plan.host_rows,
                                 "cpu", pin=device.type == "cuda",
                                 table=table))
+    # Each policy takes what it needs of these (`make_policy`).
     context = {"degrees": degrees, "hotness": counts,
-               "hop_counts": hop_counts}
-    if not stores:
-        layers = []
-    elif plan.policy == "hmgraph":
-        policy = make_policy("hmgraph", n, both, hotness=counts,
-                             static_rows=plan.static_rows,
-                             window=plan.window)
-        layers = [Layer(policy, stores)]
-    elif plan.policy in SHARED_LAYER:
-        # Static contents: the top rows, the very top on the device.
-        policy = make_policy(plan.policy, n, both, **context)
-        layers = [Layer(policy, stores)]
+               "hop_counts": hop_counts, "static_rows": plan.static_rows,
+               "window": plan.window}
+    if cls.spans_stores and stores:
+        # One layer over the stores, filled in order: device first.
+        layers = [Layer(make_policy(plan.policy, n, both, **context),
+                        stores)]
     else:
         layers = [Layer(make_policy(plan.policy, n, store.capacity,
                                     **context), [store])

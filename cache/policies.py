@@ -17,6 +17,15 @@ capacity. Each class states both as ``node_bytes`` and ``slot_bytes``;
 `hmgraph.cache.plan` charges them to the host budget before sizing the
 tiers, and `Policy.metadata_nbytes` measures what is really allocated.
 
+**What the plan asks.** `hmgraph.cache.plan` knows a policy by its class
+alone, never by its name: whether it holds rows (``holds_rows``), spans
+the device and host stores as one layer (``spans_stores``), is offline
+(``offline``), looks ahead (``looks_ahead``), has its static share
+chosen by replay (``splits_static``), the capacity of its layers
+(`Policy.layer_capacities`), their bookkeeping (`Policy.layout_metadata`)
+and how many of the hottest rows it holds for good on the device
+(`Policy.pinned_hot_rows`). A new policy is one class here.
+
 Policies, by registry name:
 
 ``none``       no cache.
@@ -96,12 +105,25 @@ class Policy(ABC):
     """
 
     name = "policy"
-    #: Whether `step` uses the ids of the batches ahead.
+    #: Whether `step` uses the ids of the batches ahead (a plan records
+    #: its window only for these).
     looks_ahead = False
     #: Host bytes of bookkeeping per node of the graph (``resident``).
     node_bytes = 1
     #: Host bytes of bookkeeping per row of capacity.
     slot_bytes = 0
+    #: Whether a cache of this policy holds rows at all; a plan gives a
+    #: policy that holds none no device or host rows.
+    holds_rows = True
+    #: Whether one layer of this policy spans the device and host stores
+    #: (the coordinated cache: exclusive tiers filled in order, one
+    #: id -> slot table); else each store has a policy of its own.
+    spans_stores = False
+    #: Whether it needs the whole trace in advance (replay only: no plan).
+    offline = False
+    #: Whether the plan chooses its static share by replaying the profile
+    #: (it is then built with ``static_rows`` and ``window``).
+    splits_static = False
 
     def __init__(self, num_rows: int, capacity: int):
         if not 0 <= capacity <= num_rows:
@@ -117,6 +139,46 @@ class Policy(ABC):
     def size(self) -> int:
         """Rows held now (counted as steps apply, not by a scan)."""
         return self._size
+
+    @classmethod
+    def layer_capacities(cls, store_rows: Sequence[int]) -> list[int]:
+        """Rows of each layer this policy keeps over stores of
+        ``store_rows`` rows (device first).
+
+        Stores without rows are not built and get no layer; a policy
+        that spans the stores keeps one layer over all of them, others
+        one per store, and a policy that holds no rows none.
+        """
+        stores = [rows for rows in store_rows if rows > 0]
+        if not cls.holds_rows:
+            return []
+        if cls.spans_stores:
+            return [sum(stores)] if stores else []
+        return stores
+
+    @classmethod
+    def layout_metadata(cls, store_rows: Sequence[int]) -> tuple[int, int]:
+        """Host bytes of this policy's bookkeeping over stores of
+        ``store_rows`` rows: ``(bytes per node, bytes for the slots)``.
+
+        ``node_bytes`` per node and ``slot_bytes`` per row of every
+        layer (`layer_capacities`); the stores' own tables are the
+        plan's to count.
+        """
+        layers = cls.layer_capacities(store_rows)
+        return cls.node_bytes * len(layers), cls.slot_bytes * sum(layers)
+
+    @classmethod
+    def pinned_hot_rows(cls, device_rows: int, static_rows: int) -> int:
+        """How many of the hottest rows (by profiled accesses) the device
+        store holds for good, of ``device_rows``, given a static part of
+        ``static_rows`` (`splits_static`); 0 when its pinned rows are
+        not ranked by the profiled accesses or it pins none.
+
+        Batch reuse keeps none of these rows, so the plan sizes its
+        buffers without them.
+        """
+        return 0
 
     @classmethod
     def metadata_bytes(cls, num_rows: int, capacity: int) -> int:
@@ -185,6 +247,7 @@ class NoCachePolicy(Policy):
 
     name = "none"
     node_bytes = 0
+    holds_rows = False
 
     def __init__(self, num_rows: int, capacity: int = 0, **_):
         super().__init__(num_rows, 0)
@@ -201,9 +264,14 @@ class NoCachePolicy(Policy):
 
 
 class StaticPolicy(Policy):
-    """Holds the ``capacity`` rows of highest score, never changes."""
+    """Holds the ``capacity`` rows of highest score, never changes.
+
+    One layer over the device and host stores: the top rows, the very
+    top on the device.
+    """
 
     slot_bytes = 8  # the held ids
+    spans_stores = True
 
     def __init__(self, num_rows: int, capacity: int, score: torch.Tensor):
         super().__init__(num_rows, capacity)
@@ -249,6 +317,14 @@ class PresamplePolicy(StaticPolicy):
         if hotness is None:
             raise ValueError("policy 'presample' needs profiled hotness")
         super().__init__(num_rows, capacity, hotness)
+
+    @classmethod
+    def pinned_hot_rows(cls, device_rows: int, static_rows: int) -> int:
+        """Every device row: the device holds the hottest rows.
+
+        See `Policy.pinned_hot_rows`.
+        """
+        return device_rows
 
 
 class LayerAwarePolicy(StaticPolicy):
@@ -437,6 +513,8 @@ class HMGraphPolicy(Policy):
     # resident, static, cold_rank and next_use (int32 each)
     node_bytes = 1 + 1 + 4 + 4
     slot_bytes = 8  # the dynamic region's ids, the static ids
+    spans_stores = True
+    splits_static = True
 
     def __init__(self, num_rows, capacity, *, hotness=None, static_rows=0,
                  window=4, **_):
@@ -463,6 +541,14 @@ class HMGraphPolicy(Policy):
         self.next_use = torch.full((num_rows,), _NEVER_NEAR,
                                    dtype=torch.int32)
         self._held = _EMPTY  # ids in the dynamic region
+
+    @classmethod
+    def pinned_hot_rows(cls, device_rows: int, static_rows: int) -> int:
+        """The static rows the device holds (the hottest come first).
+
+        See `Policy.pinned_hot_rows`.
+        """
+        return min(static_rows, device_rows)
 
     def warm(self) -> torch.Tensor:
         """The static rows, hottest first."""
@@ -527,6 +613,8 @@ class BeladyPolicy(HMGraphPolicy):
     """
 
     name = "belady"
+    offline = True
+    splits_static = False
 
     def __init__(self, num_rows, capacity, **_):
         super().__init__(num_rows, capacity,

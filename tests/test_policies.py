@@ -4,10 +4,20 @@ graph: LRU evicts exactly the least recently used rows, sizes are counted.
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 
-from hmgraph.cache.policies import make_policy
+from hmgraph.cache.feature import TensorFeature
+from hmgraph.cache.plan import (
+    build_cache,
+    make_plan,
+    metadata_bytes,
+    store_metadata_bytes,
+)
+from hmgraph.cache.policies import POLICIES, StaticPolicy, make_policy
 
 
 def random_trace(num_rows, batches, seed):
@@ -78,3 +88,62 @@ def test_metadata_charge_matches_what_is_allocated(name):
         assert measured <= charge + 2 * 8 * largest, (measured, charge)
     if name != "lru":  # the dynamic region is full by now
         assert policy.metadata_nbytes() == charge
+
+
+PLAN_SOURCE = Path(__file__).resolve().parents[1] / "cache" / "plan.py"
+
+
+def test_the_plan_asks_the_policy_not_its_name():
+    """No string in cache/plan.py names a policy: what the plan needs of
+    one (capacity rules, bookkeeping, pinned rows, window, static split)
+    is asked of its class."""
+    tree = ast.parse(PLAN_SOURCE.read_text())
+    names = set(POLICIES) | {"fifo", "static"}
+    found = [(node.lineno, node.value) for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and node.value in names]
+    assert not found, f"cache/plan.py names policies at {found}"
+
+
+class FirstRowsPolicy(StaticPolicy):
+    """A policy new to the plan: holds the rows of lowest id."""
+
+    name = "first-rows"
+
+    def __init__(self, num_rows, capacity, **_):
+        super().__init__(num_rows, capacity,
+                         -torch.arange(num_rows, dtype=torch.float64))
+
+
+def test_a_new_policy_is_one_class(monkeypatch):
+    """Registered, a policy class is planned and built by its class
+    alone: one layer over both stores, its bookkeeping charged."""
+    monkeypatch.setitem(POLICIES, FirstRowsPolicy.name, FirstRowsPolicy)
+    num_rows, row_bytes = 100, 16
+    host = 20 * row_bytes + metadata_bytes("first-rows", num_rows, 10, 20)
+    plan = make_plan("first-rows", num_rows, row_bytes, 10 * row_bytes,
+                     host)
+    assert (plan.device_rows, plan.host_rows) == (10, 20)
+    assert plan.metadata_bytes()["host"] == (
+        FirstRowsPolicy.node_bytes * num_rows + FirstRowsPolicy.slot_bytes
+        * 30 + store_metadata_bytes(num_rows, 30))
+    rows = torch.arange(num_rows * 4, dtype=torch.float32).reshape(-1, 4)
+    cache = build_cache(TensorFeature(rows), plan, engine="torch")
+    assert [layer.policy.name for layer in cache.layers] == ["first-rows"]
+    ids = torch.tensor([0, 5, 15, 40])
+    assert torch.equal(cache.read(ids), rows[ids])
+    assert cache.stats.as_dict()["hits"] == {"device": 2, "host": 1,
+                                             "source": 1}
+
+
+@pytest.mark.parametrize("name", [n for n in POLICIES if n != "belady"])
+def test_layer_capacities_follow_the_class(name):
+    cls = POLICIES[name]
+    layers = cls.layer_capacities((10, 0, 20))
+    if not cls.holds_rows:
+        assert layers == []
+    elif cls.spans_stores:
+        assert layers == [30]
+    else:
+        assert layers == [10, 20]
+    assert cls.layout_metadata((10, 20)) == (
+        cls.node_bytes * len(layers), cls.slot_bytes * sum(layers))

@@ -48,6 +48,7 @@ from __future__ import annotations
 import concurrent.futures
 import errno
 import functools
+import logging
 import mmap
 import os
 import threading
@@ -67,7 +68,13 @@ from .engine import argsort, byte_rows, scatter_rows
 from .feature import Feature, check_ids, torch_dtype
 from .format import PAGE_BYTES, REBUILD, read_manifest
 
-__all__ = ["StorageFeature", "StorageStats"]
+__all__ = ["DRIFT", "StorageFeature", "StorageStats"]
+
+log = logging.getLogger(__name__)
+
+#: Measured read seconds over the model's, for an epoch, beyond which (or
+#: under whose inverse) the disk is measured again.
+DRIFT = 1.5
 
 
 @dataclass
@@ -213,6 +220,9 @@ class StorageFeature(Feature):
     """
 
     remedy: str = REBUILD
+    #: An epoch's reads shorter than this (measured and modelled seconds)
+    #: say nothing about drift.
+    drift_min_seconds: float = 1.0
 
     def __init__(
         self,
@@ -267,6 +277,9 @@ class StorageFeature(Feature):
         self._data_offset = manifest.data_offset
         self._file_bytes = manifest.file_bytes
         self._fd, self.direct = self._open(direct)
+        self._asked_depth = num_threads
+        self._auto_model = disk == "auto" and self.direct
+        self._default_gap = max_gap_bytes is None
         try:
             if disk == "auto":
                 disk = disk_model(self.path, num_threads) if self.direct \
@@ -280,6 +293,8 @@ class StorageFeature(Feature):
             self._fd = -1
             raise
         self.stats = StorageStats(block_bytes=self.block_bytes)
+        self._epoch_mark = (0.0, 0.0)
+        self._refreshed = False
         self._lock = threading.Lock()
         self._buffers = threading.local()
         # Batches' rows in reused memory, once nobody holds them.
@@ -682,8 +697,42 @@ class StorageFeature(Feature):
         self._rows.clear()
 
     def release_buffers(self) -> None:
-        """See `Feature.release_buffers`."""
+        """See `Feature.release_buffers`; at an epoch's end, also checks
+        the measured disk model against the epoch's reads."""
         self._rows.clear()
+        self._check_drift()
+
+    def _check_drift(self) -> None:
+        """Measure the disk again once its model drifts from the reads.
+
+        Where the epoch's reads took more than `DRIFT` times what the
+        model priced them at, or less than 1 / `DRIFT` of it (over at
+        least `drift_min_seconds`), the device is measured again
+        (`hmgraph.cache.disk.disk_model` with ``refresh``: the file beside
+        the feature file is rewritten) and the tier plans its reads with
+        the new model. Once per feature: a second drift is the workload's,
+        not the disk's.
+        """
+        stats = self.stats
+        seconds = stats.seconds - self._epoch_mark[0]
+        model = stats.model_seconds - self._epoch_mark[1]
+        self._epoch_mark = (stats.seconds, stats.model_seconds)
+        if self._refreshed or not self._auto_model \
+                or max(seconds, model) < self.drift_min_seconds or not model:
+            return
+        ratio = seconds / model
+        if 1 / DRIFT <= ratio <= DRIFT:
+            return
+        self._refreshed = True
+        log.warning("%s: the epoch's reads took %.1f s, %.2fx the disk "
+                    "model's %.1f s; measuring the disk again", self.path,
+                    seconds, ratio, model)
+        self.disk = disk_model(self.path, self._asked_depth, refresh=True)
+        if self._default_gap:
+            self.max_gap_bytes = self.disk.gap_bytes
+            self._max_gap_blocks = self.max_gap_bytes // self.block_bytes
+        log.info("%s: %s (a new queue depth applies from the next "
+                 "StorageFeature)", self.path, self.disk.describe())
 
     def __del__(self):
         try:

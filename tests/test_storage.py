@@ -640,3 +640,53 @@ def test_unreadable_cached_disk_model_is_measured_again(tmp_path,
         assert disk_model(path, queue_depth=3) == fresh
     assert caplog.records[0].getMessage().startswith(
         f"{cache} is unreadable (")
+
+
+def test_disk_model_drifting_from_the_reads_is_measured_again(
+        disk_dir, monkeypatch, caplog):
+    path = disk_dir / "feat.bin"
+    rows = make_rows((4000, 100), np.float32)
+    write_feature_file(path, rows)
+    device = path.stat().st_dev
+    # A cached model that prices a read at nothing: the epoch's reads take
+    # far more than 1.5x what it says.
+    wrong = DiskModel(512, 1e12, 1e15, 2, device)
+    (disk_dir / "feat.bin.disk.json").write_text(
+        json.dumps(cached_models(wrong, "2")))
+    right = DiskModel(512, 20_000.0, 1e9, 2, device)
+    calls = []
+    monkeypatch.setattr(disk, "_memo", {})
+    monkeypatch.setattr(disk, "measure_disk",
+                        lambda *args: calls.append(args) or right)
+    with StorageFeature(path, num_threads=2) as feature:
+        assert feature.disk == wrong
+        feature.drift_min_seconds = 0.0
+        ids = torch.arange(0, 4000, 7)
+        assert feature.read(ids).numpy().tobytes() == \
+            rows[ids.numpy()].tobytes()
+        with caplog.at_level("WARNING", logger="hmgraph.cache.storage"):
+            feature.release_buffers()  # an epoch's end
+        assert len(calls) == 1 and feature.disk == right
+        assert feature.max_gap_bytes == right.gap_bytes
+        assert "measuring the disk again" in caplog.text
+        # Rewritten beside the file; and measured once per feature.
+        cached = json.loads((disk_dir / "feat.bin.disk.json").read_text())
+        assert cached["models"]["2"]["iops"] == right.iops
+        feature.read(ids)
+        feature.release_buffers()
+        assert len(calls) == 1
+        assert feature.read(ids).numpy().tobytes() == \
+            rows[ids.numpy()].tobytes()
+
+
+def test_disk_model_in_step_with_the_reads_is_kept(disk_dir, monkeypatch):
+    path = disk_dir / "feat.bin"
+    write_feature_file(path, make_rows((4000, 100), np.float32))
+    monkeypatch.setattr(disk, "_memo", {})
+    with StorageFeature(path, num_threads=2) as feature:
+        feature.drift_min_seconds = 0.0
+        # The model priced exactly what the reads took.
+        feature.read(torch.arange(0, 4000, 7))
+        feature.stats.model_seconds = feature.stats.seconds
+        monkeypatch.setattr(disk, "measure_disk", _refuse)
+        feature.release_buffers()

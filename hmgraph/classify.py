@@ -462,15 +462,58 @@ def check_model_memory(config, dataset) -> int:
                  {"--hidden": config.hidden, "--levels": config.levels})
 
 
+class TargetScale(torch.nn.Module):
+    """A regressor whose outputs are ``model(...) * std + mean``.
+
+    The model learns standardised targets (its head starts near 0, the
+    training targets' mean), while the loss, the selection and OGB's
+    Evaluator all see values in the targets' own units. ``mean`` and
+    ``std`` (per task, from the training graphs' labelled values) are
+    buffers, saved with the weights.
+    """
+
+    def __init__(self, model, mean: torch.Tensor, std: torch.Tensor):
+        super().__init__()
+        self.model = model
+        self.register_buffer("mean", mean.float())
+        self.register_buffer("std", std.float())
+
+    def forward(self, graph, feat):
+        """See the wrapped model's ``forward``; outputs rescaled."""
+        return self.model(graph, feat) * self.std + self.mean
+
+    @property
+    def auxiliary_loss(self):
+        """The wrapped model's ``auxiliary_loss``."""
+        return self.model.auxiliary_loss
+
+
+def target_scale(dataset, train_ids) -> tuple:
+    """Per task, the mean and std (1 where 0 or unknown) of the labelled
+    training targets of a regression ``dataset``."""
+    y = dataset.labels[train_ids].double()
+    seen = ~torch.isnan(y)
+    count = seen.sum(0).clamp(min=1)
+    mean = torch.where(seen, y, 0.0).sum(0) / count
+    var = torch.where(seen, (y - mean) ** 2, 0.0).sum(0) / count
+    std = var.sqrt()
+    return mean, torch.where(std > 0, std, torch.ones_like(std))
+
+
 class _Trainer:
     """One model, its flat Adam and its training graphs; `epoch` trains
-    one epoch of mini-batches in the order seeded with ``seed + epoch``."""
+    one epoch of mini-batches in the order seeded with ``seed + epoch``.
+    A regressor learns standardised targets (`TargetScale`)."""
 
     def __init__(self, config, dataset, train_ids, seed, device):
         torch.manual_seed(seed)
         self.config, self.dataset, self.device = config, dataset, device
         self.train_ids, self.seed = train_ids, seed
-        self.model = _build_model(config, dataset).to(device)
+        self.model = _build_model(config, dataset)
+        if dataset.task == "regression":
+            self.model = TargetScale(self.model,
+                                     *target_scale(dataset, train_ids))
+        self.model = self.model.to(device)
         self.flat = flat_parameters(self.model)
         self.optimizer = torch.optim.Adam([self.flat], lr=config.lr,
                                           weight_decay=config.weight_decay)

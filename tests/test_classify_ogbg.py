@@ -170,3 +170,28 @@ def test_grid_picks_the_lowest_validation_rmse():
     for one in runs:
         one["metric"] = "rocauc"
     assert select_per_fold(runs)["chosen"] == [0, 1]
+
+
+def test_regressors_learn_standardised_targets():
+    from hmgraph.classify import TargetScale, target_scale
+
+    class Data:
+        labels = torch.tensor([[1.0, float("nan")], [3.0, 5.0],
+                               [float("nan"), 5.0], [100.0, -1.0]])
+
+    mean, std = target_scale(Data, torch.tensor([0, 1, 2]))
+    assert mean.tolist() == [2.0, 5.0]  # graph 3 is not training
+    assert std.tolist() == [1.0, 1.0]  # task 1's std is 0: kept at 1
+
+    class Zero(torch.nn.Module):
+        auxiliary_loss = 0.25
+
+        def forward(self, graph, feat):
+            return feat
+
+    scaled = TargetScale(Zero(), torch.tensor([2.0, -1.0]),
+                         torch.tensor([3.0, 0.5]))
+    out = scaled(None, torch.tensor([[0.0, 0.0], [1.0, 2.0]]))
+    assert out.tolist() == [[2.0, -1.0], [5.0, 0.0]]
+    assert scaled.auxiliary_loss == 0.25
+    assert set(scaled.state_dict()) == {"mean", "std"}

@@ -13,18 +13,41 @@ import dataclasses
 import json
 import logging
 import math
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import dgl
+import dgl.utils
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from hmgraph import datasets
+from hmgraph.cache.budget import (
+    HOST_RESERVE_BYTES,
+    auto_host_budget,
+    available_bytes,
+    check_available,
+    format_bytes,
+    parse_budget,
+)
+from hmgraph.cache.coordinated import FrozenView
 from hmgraph.cache.format import atomic_path
+from hmgraph.cache.plan import metadata_bytes
+from hmgraph.cache.policies import POLICIES, layer_aware_score
+from hmgraph.datasets.renumbered import permuted
 from hmgraph.loader import PROFILED_POLICIES, DataLoader
 from hmgraph.models import build_model, layerwise_inference
 from hmgraph.models.layers import add_gcn_degrees
+from hmgraph.samplers.cluster import ClusterSampler, metis_clusters
+from hmgraph.samplers.presample import presample
+from hmgraph.samplers.renumber import (
+    cluster_permutation,
+    hot_first_permutation,
+    renumber_graph,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +112,6 @@ def check_model_memory(build, device, sizes: dict) -> int:
         (weights, gradients, Adam state), more than the 20.1 GB free on
         cpu; use a smaller --hidden``.
     """
-    from hmgraph.cache.budget import available_bytes, format_bytes
-
     try:
         with torch.device("meta"):
             model = build()
@@ -244,10 +265,6 @@ def train(config: TrainConfig, dataset=None) -> dict:
         per-epoch loss, metrics and seconds; best epoch; test metric at best
         validation), ``summary`` (mean and std over runs) and ``path``.
     """
-
-    from hmgraph import datasets
-    from hmgraph.cache.budget import parse_budget
-
     if config.eval not in ("auto", "layerwise", "sampled"):
         raise ValueError(f"eval must be auto, layerwise or sampled, got "
                          f"{config.eval!r}")
@@ -383,17 +400,6 @@ def prepare(config, dataset):
     renumbered by cluster if asked) and one rewrite of the feature file in
     the final order, cluster renumbering and hot-first composed.
     """
-    import dgl.utils
-
-    from hmgraph.datasets.renumbered import permuted
-    from hmgraph.samplers.cluster import metis_clusters
-    from hmgraph.samplers.presample import presample
-    from hmgraph.samplers.renumber import (
-        cluster_permutation,
-        hot_first_permutation,
-        renumber_graph,
-    )
-
     if config.sampler not in ("neighbor", "cluster"):
         raise ValueError(f"unknown sampler {config.sampler!r}; available: "
                          f"neighbor, cluster")
@@ -465,18 +471,12 @@ def prepare(config, dataset):
 def _hotness(config, profile) -> torch.Tensor:
     """Profiled score per row, as the loader ranks rows for its cache."""
     if config.cache == "layer-aware" or config.placement == "layer-aware":
-        from hmgraph.cache.policies import layer_aware_score
-
         return layer_aware_score(profile.hop_counts)
     return profile.counts
 
 
 def _build_sampler(config, graph, clusters):
     """The sampler asked for over ``graph`` (clusters in its ids)."""
-    import dgl
-
-    from hmgraph.samplers.cluster import ClusterSampler
-
     if config.model == "mlp":
         # An MLP reads no neighbours: empty blocks of the same depth
         # (DGL 2.1's fused sampler drops the source nodes at fanout 0).
@@ -498,16 +498,6 @@ def make_loader(config, dataset, sampler, device, profile=None):
     Returns the loader and a record of the memory it was sized with:
     graph bytes, feature bytes, working set and the budgets in bytes.
     """
-    from hmgraph.cache.budget import (
-        auto_host_budget,
-        available_bytes,
-        check_available,
-        format_bytes,
-        parse_budget,
-    )
-    from hmgraph.cache.plan import metadata_bytes
-    from hmgraph.cache.policies import POLICIES
-
     if config.features_on not in ("memory", "disk"):
         raise ValueError(f"features_on must be 'memory' or 'disk', got "
                          f"{config.features_on!r}")
@@ -626,7 +616,6 @@ def resolve_eval(config, dataset, loader) -> str:
         return config.eval
     if config.features_on == "memory":
         return "layerwise"
-    from hmgraph.cache.budget import HOST_RESERVE_BYTES, available_bytes
 
     held = loader.plan.device_rows + loader.plan.host_rows
     uncached = max(0, dataset.num_nodes - held) * dataset.manifest.row_bytes
@@ -639,8 +628,6 @@ def resolve_eval(config, dataset, loader) -> str:
 
 def peak_rss_bytes() -> int:
     """This process's peak resident set size so far, in bytes."""
-    import resource
-
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
@@ -653,10 +640,6 @@ def evaluate(config, dataset, model, loader, device, mode: str) -> dict:
     DGL's ``NeighborSampler`` with the training fanouts over each split
     through the same view.
     """
-    import dgl
-
-    from hmgraph.cache.coordinated import FrozenView
-
     view = FrozenView(loader.cache)
     if mode == "layerwise":
         features = dataset.features if config.features_on == "memory" \
@@ -750,8 +733,6 @@ def loader_only_epoch(config, loader) -> dict:
     """One epoch of ``loader`` alone, seeded as the first training epoch:
     ``batches``, ``epoch_seconds``, ``seconds_per_batch``, the loader's
     stage ``seconds`` and ``cpu_seconds`` of the process."""
-    import dgl
-
     dgl.seed(config.seed)
     loader.set_epoch(0)
     loader.stats.reset()
@@ -768,8 +749,6 @@ def loader_only_epoch(config, loader) -> dict:
 
 
 def _train_epoch(config, model, optimizer, loader, run, epoch) -> dict:
-    import dgl
-
     torch.manual_seed(config.seed + 1000 * run + epoch)
     dgl.seed(config.seed + 1000 * run + epoch)  # the sampled neighbours
     loader.set_epoch(epoch + 1000 * run)
@@ -807,8 +786,6 @@ def _train_epoch(config, model, optimizer, loader, run, epoch) -> dict:
 
 def describe_io(stats: dict) -> str:
     """One line of cache hits and I/O from `LoaderStats.as_dict`."""
-    from hmgraph.cache.budget import format_bytes
-
     cache = stats.get("cache", {})
     rates = ", ".join(f"{tier} {rate:.1%}" for tier, rate in
                       cache.get("hit_rate", {}).items())

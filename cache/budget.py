@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+import psutil
 import torch
 
 __all__ = ["HOST_RESERVE_BYTES", "auto_host_budget", "available_bytes",
@@ -83,8 +84,6 @@ def available_bytes(device: torch.device | str) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
-    import psutil
-
     return int(psutil.virtual_memory().available)
 
 

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 __all__ = [
     "DATA_OFFSET",
@@ -192,8 +193,6 @@ class atomic_path:
 
 def _remove_dead_temporaries(path: Path) -> None:
     """Delete ``.<name>.tmp-<pid>`` files of writers that were killed."""
-    import psutil
-
     for stale in path.parent.glob(f".{path.name}.tmp-*"):
         pid = stale.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not psutil.pid_exists(int(pid)):

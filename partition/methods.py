@@ -152,6 +152,7 @@ def ldg_assign(weights: np.ndarray, affinity, capacities: np.ndarray
 
 def _cluster_affinity(graph, clusters: torch.Tensor, num_clusters: int):
     """Edges between clusters as a symmetric sparse matrix."""
+    # scipy.sparse (0.15 s to import) for this matrix alone.
     import scipy.sparse as sp
 
     src, dst = graph.edges()
@@ -232,6 +233,7 @@ def assign(graph, num_parts: int, method: str, *, train_ids: torch.Tensor,
     -------
     Assignment
     """
+    # Lazy: DGL takes 4 s to import; `hmgraph --help` reads METHODS.
     import dgl
 
     _check_method(method)

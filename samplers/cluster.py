@@ -33,11 +33,15 @@ import os
 import threading
 import time
 
+import dgl
 import numpy as np
 import torch
+from dgl import EID, heterograph_index, utils
 from dgl.dataloading import NeighborSampler
+from dgl.heterograph import DGLBlock
 
 from hmgraph.cache.format import atomic_path
+from hmgraph.samplers import locality as kernels
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +121,6 @@ def metis_clusters(graph, num_clusters: int,
     torch.Tensor
         int64 (num_nodes,): cluster ids in ``[0, num_clusters)``.
     """
-    import dgl
-
     if num_clusters < 1:
         raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
     key = None
@@ -260,8 +262,6 @@ class ClusterSampler(NeighborSampler):
         """The DGL engine's state: the intra-cluster subgraph (locality 1)
         or a per-edge weight in ``graph.edata`` (one key per sampler: two
         samplers on one graph keep their own weights)."""
-        import dgl
-
         src, dst = graph.edges()
         inside = self.clusters[src] == self.clusters[dst]
         if self.locality == 1.0:
@@ -279,8 +279,6 @@ class ClusterSampler(NeighborSampler):
     def _dgl_blocks(self, g, seed_nodes, exclude_eids):
         """`NeighborSampler.sample_blocks` on the DGL engine's state, set
         up on first use."""
-        from dgl import EID
-
         if self.locality < 1.0:
             if self.prob is None or self.prob not in g.edata:
                 self._dgl_setup(g)
@@ -323,9 +321,6 @@ class ClusterSampler(NeighborSampler):
             )
         if not self._served(g, seed_nodes, exclude_eids):
             return self._dgl_blocks(g, seed_nodes, exclude_eids)
-        import dgl
-
-        from hmgraph.samplers import locality as kernels
 
         seeds = seed_nodes.long().contiguous()
         if seeds.numel() and (int(seeds.min()) < 0
@@ -406,8 +401,6 @@ def _layout(graph, clusters: torch.Tensor) -> tuple:
     """The kernels' view of ``graph``: CSC ``indptr`` (int64), the inside
     neighbours per node and every row's ``(source, edge id)`` pairs,
     inside ones first (`partition_rows`; int32 where ids fit)."""
-    from hmgraph.samplers import locality as kernels
-
     indptr, indices, eids = _csc(graph)
     fits = max(graph.num_nodes(), graph.num_edges()) < 2**31
     rows = np.empty((indices.shape[0], 2),
@@ -421,9 +414,6 @@ def _block(g, nodes, seeds, indptr, local, eids):
     """A block of ``g`` from a layer's CSC: sources ``nodes``, destinations
     ``seeds``, the graph's node and edge data (``NID``, ``EID`` and the
     rest, as DGL's fused sampler attaches them)."""
-    from dgl import heterograph_index, utils
-    from dgl.heterograph import DGLBlock
-
     idtype = g.idtype
     index = heterograph_index.create_unitgraph_from_csr(
         2, nodes.numel(), seeds.numel(), indptr.to(idtype), local.to(idtype),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import dgl
 import torch
 
 __all__ = ["Profile", "epoch_counts", "expected_reads", "presample"]
@@ -84,8 +85,6 @@ def presample(graph, graph_sampler, seeds: torch.Tensor, batch_size: int,
     -------
     Profile
     """
-    import dgl
-
     if seeds.numel() == 0:
         raise ValueError("cannot presample: there are no seed nodes")
     if hasattr(graph_sampler, "order_seeds"):  # e.g. ClusterSampler

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import dgl
 import torch
 
 from hmgraph.cache.format import FeatureFileWriter, read_manifest
@@ -101,8 +102,6 @@ def renumber_graph(graph, perm: torch.Tensor, inverse: torch.Tensor):
     Node data is permuted along (row ``new`` holds old node ``perm[new]``);
     edge order and edge data are kept.
     """
-    import dgl
-
     src, dst = graph.edges()
     renamed = dgl.graph((inverse[src], inverse[dst]),
                         num_nodes=graph.num_nodes())

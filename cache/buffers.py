@@ -17,6 +17,7 @@ made, and kept only while the pool has room.
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
@@ -39,9 +40,16 @@ class BufferPool:
     dtype : torch.dtype
         Element type.
     size : int
-        Buffers kept (about the batches in flight: the one being trained
-        on, those prefetched, the one being read).
+        Buffers kept: the batches whose rows may be alive at once (the one
+        being trained on, those prefetched, the one being read); the
+        loader sets it (`resize`) to its prefetch depth plus two.
     """
+
+    #: Seconds to wait for a buffer to come free when all ``size`` are
+    #: held, before making one more: the consumer lets go of its last
+    #: batch a moment after it takes the next, and a reader that does not
+    #: wait for that moment holds one batch more than the bound.
+    wait_seconds = 0.005
 
     def __init__(self, row_shape, dtype, size: int = 4):
         self.row_shape = tuple(row_shape)
@@ -50,20 +58,39 @@ class BufferPool:
         self._buffers: list[tuple[torch.Tensor, int]] = []
         self._lock = threading.Lock()
 
+    def resize(self, size: int) -> None:
+        """Keep at most ``size`` buffers from now on."""
+        with self._lock:
+            self.size = size if _use_count is not None else 0
+            del self._buffers[self.size:]
+
     def empty(self, rows: int) -> torch.Tensor:
         """An uninitialised ``(rows, *row_shape)`` tensor (CPU)."""
-        with self._lock:
-            return self._empty(rows)
+        deadline = time.perf_counter() + self.wait_seconds
+        while True:
+            with self._lock:
+                free = self._idle(rows)
+                if free is not None:
+                    return free[:rows]
+                full = len(self._buffers) >= self.size and all(
+                    _holders(base) > idle for base, idle in self._buffers)
+                if not full or time.perf_counter() >= deadline:
+                    return self._fresh(rows)
+            time.sleep(self.wait_seconds / 5)
 
-    def _empty(self, rows: int) -> torch.Tensor:
+    def _idle(self, rows: int) -> torch.Tensor | None:
         for base, idle in self._buffers:
             if base.shape[0] >= rows and _holders(base) == idle:
-                return base[:rows]
-        fresh = torch.empty((rows + rows // 8, *self.row_shape),
+                return base
+        return None
+
+    def _fresh(self, rows: int) -> torch.Tensor:
+        # A little room: the next batches' row counts differ by a few %.
+        fresh = torch.empty((rows + rows // 32, *self.row_shape),
                             dtype=self.dtype)
         if len(self._buffers) < self.size:
             self._buffers.append((fresh, _holders(fresh)))
-        elif self._buffers:  # replace a smaller buffer nobody holds
+        else:  # replace a smaller buffer nobody holds
             for index, (base, idle) in enumerate(self._buffers):
                 if _holders(base) == idle:
                     self._buffers[index] = (fresh, _holders(fresh))

@@ -515,11 +515,21 @@ class FeatureCache(Feature):
                 take = where == index
                 if take.any():
                     store.insert(chunk[take], rows[take])
+        # The chunks' buffers are not batches: the loader sizes the
+        # source's pool (`Feature.keep_buffers`) when it iterates.
+        keep = getattr(self.source, "keep_buffers", None)
+        if keep is not None:
+            keep(0)
 
     def release_buffers(self) -> None:
         """See `Feature.release_buffers` (the source's are its own)."""
         if self._compiled is not None:
             self._compiled.pool.clear()
+
+    def keep_buffers(self, batches: int) -> None:
+        """See `Feature.keep_buffers` (the source's are its own)."""
+        if self._compiled is not None:
+            self._compiled.pool.resize(batches)
 
     def close(self) -> None:
         """Close the source; let go of the batch buffers."""

@@ -140,6 +140,11 @@ class Feature(ABC):
         the bounded working set of batches in flight is kept, never
         between epochs."""
 
+    def keep_buffers(self, batches: int) -> None:  # noqa: B027 - most keep none
+        """Keep at most ``batches`` batch buffers for reuse: the batches
+        whose rows the loader may hold at once (its prefetch depth plus
+        the one training and the one being read)."""
+
     def __enter__(self):
         return self
 

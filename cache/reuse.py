@@ -557,6 +557,11 @@ class BatchReuse(Feature):
         if self.engine == "compiled":
             self._batches.clear()
 
+    def keep_buffers(self, batches: int) -> None:
+        """See `Feature.keep_buffers` (the inner feature's are its own)."""
+        if self.engine == "compiled":
+            self._batches.resize(batches)
+
     def close(self) -> None:
         """Close the inner feature; let go of the batch buffers."""
         self.release_buffers()

@@ -696,6 +696,10 @@ class StorageFeature(Feature):
         self._fd = -1
         self._rows.clear()
 
+    def keep_buffers(self, batches: int) -> None:
+        """See `Feature.keep_buffers`."""
+        self._rows.resize(batches)
+
     def release_buffers(self) -> None:
         """See `Feature.release_buffers`; at an epoch's end, also checks
         the measured disk model against the epoch's reads."""

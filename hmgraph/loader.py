@@ -640,6 +640,9 @@ class DataLoader:
 
     def __iter__(self):
         self._order()
+        # Rows alive at once: the batch training, those prefetched, the
+        # one being read; buffers beyond that are not kept.
+        self._each_tier("keep_buffers", self.prefetch + 2)
         sample_seed = self._sample_seed()
         self.epoch += 1
         batches = iter(self._batches)  # draws torch's base seed, as DGL
@@ -789,13 +792,18 @@ class DataLoader:
     def _release_buffers(self) -> None:
         """Batch buffers kept for reuse go at an epoch's end, through
         every tier of every cached feature (`Feature.release_buffers`)."""
+        self._each_tier("release_buffers")
+
+    def _each_tier(self, method: str, *args) -> None:
+        """Call ``method`` of every tier of every cached feature that has
+        it (a user's own tier may lack it)."""
         for feature in self.features.values():
             seen = set()
             while feature is not None and id(feature) not in seen:
                 seen.add(id(feature))
-                release = getattr(feature, "release_buffers", None)
-                if release is not None:  # a user's own tier may lack it
-                    release()
+                call = getattr(feature, method, None)
+                if call is not None:
+                    call(*args)
                 feature = getattr(feature, "inner", None) or getattr(
                     feature, "source", None)
 

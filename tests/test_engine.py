@@ -212,6 +212,31 @@ def test_a_batch_buffer_is_reused_only_once_nobody_holds_it():
     assert fourth.data_ptr() in pointers  # memory reused
 
 
+def test_a_full_batch_pool_waits_for_the_consumer_then_stays_bounded():
+    """A reader that finds every kept buffer held waits a moment for the
+    consumer to let go of its last batch (it does so just after taking the
+    next), so the batches in flight stay at the pool's size."""
+    import threading
+
+    from hmgraph.cache.buffers import BufferPool
+
+    pool = BufferPool((4,), torch.float32, size=2)
+    pool.wait_seconds = 2.0  # a loaded machine's thread may start late
+    held = [pool.empty(100), pool.empty(100)]
+    bases = {base.data_ptr() for base, _ in pool._buffers}
+    release = threading.Timer(0.05, held.pop, args=(0,))
+    release.start()
+    third = pool.empty(100)
+    release.join()
+    assert third.data_ptr() in bases and len(pool._buffers) == 2
+    # Nobody lets go: one more buffer is made, but not kept.
+    pool.wait_seconds = 0.01
+    fourth = pool.empty(100)
+    assert fourth.data_ptr() not in bases and len(pool._buffers) == 2
+    pool.resize(1)
+    assert len(pool._buffers) == 1 and pool.size == 1
+
+
 @pytest.mark.parametrize("kind", SOURCES)
 @pytest.mark.parametrize("policy", ["hmgraph", "presample"])
 def test_frozen_views_read_alike_through_both_engines(policy, kind, rows,

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 
+import psutil
+from dgl.utils import get_num_threads, get_numa_nodes_cores, set_num_threads
+
 __all__ = ["cpu_affinity"]
 
 
@@ -24,9 +27,6 @@ def cpu_affinity(loader, loader_cores=None, compute_cores=None,
         No workers, a core list of the wrong length, or more workers than
         cores.
     """
-    import psutil
-    from dgl.utils import get_num_threads, get_numa_nodes_cores, set_num_threads
-
     if loader.device.type != "cpu":
         yield
         return

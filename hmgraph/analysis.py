@@ -21,11 +21,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
-from hmgraph.cache.disk import read_plan
+from hmgraph import datasets
+from hmgraph.benchmark import write_results
+from hmgraph.cache.disk import disk_model, read_plan
 from hmgraph.cache.format import DATA_OFFSET, PAGE_BYTES
 from hmgraph.cache.plan import belady_policy, make_plan, replay_hits
 from hmgraph.cache.policies import make_policy, next_use_trace
@@ -527,13 +531,8 @@ def _bytes_table(result: dict) -> list[str]:
 
 def run(args) -> dict:
     """``hmgraph analyze``: trace an epoch, replay, write JSON/PNG/md."""
-    from pathlib import Path
-
-    from tqdm.auto import tqdm
-
-    from hmgraph import datasets
-    from hmgraph.benchmark import write_results
-    from hmgraph.cache.disk import disk_model
+    # Lazy: matplotlib and DGL (through the samplers and training) take
+    # 5 s to import; the replays above need neither.
     from hmgraph.plots import plot_analysis
     from hmgraph.samplers.presample import presample
     from hmgraph.train import TrainConfig, make_sampler

@@ -149,6 +149,8 @@ def device_name(text: str) -> str:
     argparse.ArgumentTypeError
         ``'bogus' is not a device: cpu, cuda or cuda:N``.
     """
+    # Lazy, as the two below: hmgraph.args (and `import hmgraph.cli`)
+    # loads no torch.
     import torch
 
     try:
@@ -264,7 +266,7 @@ def budget_text(text: str) -> str:
         '5 apples'; use bytes with a unit (512MB, 2GB, 1GiB) or a share of
         the features (10%)``.
     """
-    from hmgraph.cache.budget import parse_budget
+    from hmgraph.cache.budget import parse_budget  # lazy: brings torch
 
     try:
         parse_budget(text, 1)
@@ -336,7 +338,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser : argparse.ArgumentParser
         The (sub)command's parser.
     """
-    from hmgraph.datasets import known_datasets
+    from hmgraph.datasets import known_datasets  # lazy: brings torch
 
     parser.add_argument("--dataset", default="synth-small",
                         help=f"one of: {', '.join(known_datasets())}")

@@ -25,6 +25,7 @@ table (`target`, `targets_table`), `finish` and `metis_parts`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -45,6 +46,14 @@ import hmgraph.openmp  # noqa: F401  # isort: skip
 import numpy as np
 import psutil
 import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+import hmgraph
+from hmgraph import datasets
+from hmgraph.cache.budget import format_bytes
+from hmgraph.cache.disk import DiskModel
+from hmgraph.cache.format import atomic_path, open_feature_file
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +113,8 @@ class ConfigurationFailed(RuntimeError):
 
 def run_one(name: str, settings: dict) -> dict:
     """Train one configuration; return its row of the table."""
+    # Lazy, as every DGL import in this module: importing hmgraph.benchmark
+    # stays 4 s lighter for the tables and the process runner.
     import hmgraph.samplers.cluster as clustering
     import hmgraph.train as training
 
@@ -183,8 +194,7 @@ def _timed(functions: dict):
 
 def _dgl_run(config, features_kind: str) -> dict:
     """`dgl_baseline` for ``config.epochs`` epochs, evaluated after each."""
-    from hmgraph import datasets
-    from hmgraph.models import layerwise_inference
+    from hmgraph.models import layerwise_inference  # lazy: loads DGL
 
     data = datasets.load(config.dataset, config.root, config.verify)
     best = {"valid": -1.0, "test": 0.0}
@@ -241,8 +251,6 @@ def run(args) -> list[dict]:
 
 def format_table(rows: list[dict], args, epochs: int) -> str:
     """The side-by-side markdown table."""
-    from hmgraph.cache.budget import format_bytes
-
     base = next((r["epoch_seconds"] for r in rows
                  if r["name"] == "dgl-memory"), None)
     alone = next((r.get("loader_only_seconds") for r in rows
@@ -288,12 +296,11 @@ def format_table(rows: list[dict], args, epochs: int) -> str:
 
 
 def _plot(rows: list[dict], path: Path) -> None:
+    # Lazy: matplotlib (0.7 s) for the plot alone, its backend set first.
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from hmgraph.cache.format import atomic_path
 
     figure, axis = plt.subplots(figsize=(8, 4))
     names = [r["name"] for r in rows]
@@ -317,9 +324,9 @@ def _plot(rows: list[dict], path: Path) -> None:
 def new_model(data, hidden: int, layers: int, seed: int, model="sage",
               lr: float = LR, dropout: float = DROPOUT):
     """A seeded model and its Adam optimizer, the same for every run."""
-    import dgl
+    import dgl  # lazy: 4 s to import
 
-    from hmgraph.models import build_model
+    from hmgraph.models import build_model  # lazy: loads DGL
 
     torch.manual_seed(seed)
     dgl.seed(seed)
@@ -330,8 +337,6 @@ def new_model(data, hidden: int, layers: int, seed: int, model="sage",
 
 def train_step(model, optimizer, blocks, x, y) -> float:
     """Forward, cross-entropy loss, backward and step; the loss."""
-    import torch.nn.functional as F
-
     loss = F.cross_entropy(model(blocks, x), y)
     optimizer.zero_grad()
     loss.backward()
@@ -346,8 +351,6 @@ def open_memmap(path, random: bool = False) -> np.memmap:
     (``madvise(MADV_RANDOM)``): a page fault then reads its page alone
     instead of the device's read-ahead window.
     """
-    from hmgraph.cache.format import open_feature_file
-
     rows = open_feature_file(path)[1]
     if random:
         rows._mmap.madvise(mmap.MADV_RANDOM)
@@ -408,7 +411,7 @@ def dgl_epoch(graph, seeds, sampler, features, labels, model=None,
         ``epoch``), ``seconds_per_batch``, ``first_sample_seconds``,
         ``mean_loss``, ``capped`` and ``read_bytes`` from block devices.
     """
-    import dgl
+    import dgl  # lazy: 4 s to import
 
     seconds = dict.fromkeys(("drop", "sample", "fetch", "train"), 0.0)
     if cold is not None:
@@ -499,7 +502,7 @@ def dgl_baseline(data, settings, features: str = "memory", *, seeds=None,
         `dgl_epoch`'s record of each training epoch, then the loader-only
         epoch's.
     """
-    import dgl
+    import dgl  # lazy: 4 s to import
 
     model, optimizer = new_model(
         data, settings.hidden, len(settings.fanouts), settings.seed,
@@ -668,8 +671,6 @@ def read_bytes() -> int:
 
 def progress(total: int, desc: str, enabled: bool = True):
     """A progress bar on stderr that leaves no line behind."""
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc=desc, unit="batch", leave=False,
                 mininterval=2.0, disable=not enabled)
 
@@ -703,8 +704,6 @@ def write_results(result: dict, markdown: str, path) -> Path:
     second line names it (or each of ``merged``, for a result put together
     from runs of several commits). Returns the JSON's path.
     """
-    from hmgraph.cache.format import atomic_path
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     result.setdefault("commit", commit())
@@ -756,8 +755,6 @@ def load(name: str, root, **kwargs):
     ``prepare_seconds``); ``nodes``, ``edges``, ``feat_dim``,
     ``feature_path``, ``feature_bytes`` and ``row_bytes`` (None without a
     feature file)."""
-    from hmgraph import datasets
-
     began = time.perf_counter()
     data = datasets.load(name, root, verify=False, **kwargs)
     loaded = time.perf_counter()
@@ -777,8 +774,6 @@ def seeded_subset(seeds, max_batches: int | None, batch_size: int,
                   seed: int):
     """``seeds``, or a seeded random subset of ``max_batches`` x
     ``batch_size`` of them in their order."""
-    import torch
-
     keep = (max_batches or 0) * batch_size
     if not keep or keep >= seeds.numel():
         return seeds
@@ -798,9 +793,7 @@ def hot_first_layout(name: str, dataset, seeds, args,
     ``record``: ``seconds`` (profile and rewrite, or reuse of an earlier
     one), ``reused``, ``path``, ``profile_batches``, ``formats_seconds``
     (the graph's sparse formats)."""
-    import dataclasses
-
-    from hmgraph.train import TrainConfig, prepare
+    from hmgraph.train import TrainConfig, prepare  # lazy: loads DGL
 
     graph = dataset.graph.local_var()
     graph.ndata.pop("feat", None)
@@ -835,9 +828,7 @@ def loader_epoch(dataset, seeds, args, desc: str, trace: bool = False,
     ``loader_only``, ``loader_only``: `hmgraph_epoch`'s record of the
     same batches again with no model (the cache as training left it).
     """
-    import dgl
-
-    import hmgraph
+    import dgl  # lazy: 4 s to import
 
     model, optimizer = new_model(dataset, args.hidden, len(args.fanouts),
                                  args.seed)
@@ -867,14 +858,10 @@ def loader_epoch(dataset, seeds, args, desc: str, trace: bool = False,
 
 def environment() -> dict:
     """Versions, CPUs, threads and the machine's load right now."""
-    import dgl
-    import numpy
-    import torch
-
-    import hmgraph
+    import dgl  # lazy: 4 s to import
 
     return {"hmgraph": hmgraph.__version__, "torch": torch.__version__,
-            "dgl": dgl.__version__, "numpy": numpy.__version__,
+            "dgl": dgl.__version__, "numpy": np.__version__,
             "python": platform.python_version(),
             "platform": platform.platform(), "cpu_count": os.cpu_count(),
             "torch_num_threads": torch.get_num_threads(),
@@ -891,8 +878,6 @@ def environment_text(env: dict) -> str:
 
 def disk_text(model: dict) -> str:
     """`hmgraph.cache.disk.DiskModel.describe` of its ``as_dict``."""
-    from hmgraph.cache.disk import DiskModel
-
     return DiskModel(**{k: v for k, v in model.items()
                         if k != "gap_bytes"}).describe()
 
@@ -956,8 +941,7 @@ def metis_parts(dataset, root, num_parts: int,
         ``nodes_per_part`` and ``train_seeds_per_part`` (min, mean, max),
         ``parts_with_train_seeds`` and ``edges_inside_share``.
     """
-    import torch
-
+    # Lazy: loads DGL.
     from hmgraph.samplers.cluster import cached_clusters, metis_key
 
     graph = dataset.graph
@@ -998,8 +982,7 @@ def metis_parts(dataset, root, num_parts: int,
 
 def _metis_child(name: str, root: str, num_parts: int) -> dict:
     """`metis_parts`' child: load the dataset, run `metis_clusters`."""
-    from hmgraph import datasets
-    from hmgraph.samplers.cluster import metis_clusters
+    from hmgraph.samplers.cluster import metis_clusters  # lazy: loads DGL
 
     dataset = datasets.load(name, root, verify=False)
     began = time.perf_counter()

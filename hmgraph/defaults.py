@@ -36,6 +36,9 @@ Examples
 
 from __future__ import annotations
 
+from hmgraph.datasets import known_datasets
+from hmgraph.datasets.planetoid import PLANETOID
+
 __all__ = [
     "DATASET_DEFAULTS",
     "FAMILY_DEFAULTS",
@@ -93,9 +96,6 @@ def family(dataset: str) -> str:
     ValueError
         An unknown dataset; the message lists the known ones.
     """
-    from hmgraph.datasets import known_datasets
-    from hmgraph.datasets.planetoid import PLANETOID
-
     if dataset not in known_datasets():
         raise ValueError(f"unknown dataset {dataset!r}; known: "
                          f"{', '.join(known_datasets())}")

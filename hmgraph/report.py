@@ -31,6 +31,7 @@ def _hits(epochs: list[dict]) -> str:
 
 def _storage(epochs: list[dict]) -> str:
     """Storage bytes read in the last epoch."""
+    # Lazy: `python -m hmgraph.report` prints tables without torch.
     from hmgraph.cache.budget import format_bytes
 
     storage = epochs[-1].get("loader", {}).get("storage") if epochs else None
@@ -69,6 +70,13 @@ def format_result(result: dict) -> str:
             f"{_gb(memory['host_budget_bytes'])}, device budget "
             f"{_gb(memory['device_budget_bytes'])}, working set "
             f"{_gb(memory['working_set_bytes'])}")
+        if "promise_bytes" in memory:
+            lines.append(
+                f"Memory promise: graph + budgets + "
+                f"{memory['batches_in_flight']} batches of "
+                f"{_gb(memory['batch_input_bytes'])} + 2 GiB = "
+                f"{_gb(memory['promise_bytes'])}: "
+                f"{'kept' if memory['within_promise'] else 'EXCEEDED'}")
     lines.append(f"result: {result['path']}")
     return "\n".join(lines)
 

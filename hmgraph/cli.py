@@ -147,8 +147,10 @@ def _build_parser() -> argparse.ArgumentParser:
                        choices=["memory", "disk"],
                        help="rows in memory, or read from the feature file "
                        "with O_DIRECT")
-    cache.add_argument("--prefetch", type=non_negative_int, default=2,
-                       help="batches sampled and fetched ahead in threads")
+    cache.add_argument("--prefetch", type=non_negative_int, default=None,
+                       help="batches sampled and fetched ahead in threads "
+                       "(default: 1 with features on disk, three batches of "
+                       "rows in flight; 2 in memory)")
     cache.add_argument("--window", type=non_negative_int, default=4,
                        help="lookahead batches for the hmgraph cache")
     cache.add_argument("--reuse", default="none",

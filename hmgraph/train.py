@@ -52,10 +52,10 @@ from hmgraph.samplers.renumber import (
 log = logging.getLogger(__name__)
 
 __all__ = ["LAYOUTS", "CheckpointError", "TrainConfig",
-           "check_model_memory", "evaluate", "loader_only_epoch",
-           "make_loader", "make_sampler", "peak_rss_bytes", "prepare",
-           "resolve_eval",
-           "resolve_layout", "train", "working_set_bytes"]
+           "batch_input_bytes", "batches_in_flight", "check_model_memory",
+           "evaluate", "loader_only_epoch", "make_loader", "make_sampler",
+           "memory_promise", "peak_rss_bytes", "prefetch_depth", "prepare",
+           "resolve_eval", "resolve_layout", "train", "working_set_bytes"]
 
 # Settings a checkpoint must share with the run that resumes it.
 _CHECKPOINT_KEYS = (
@@ -167,6 +167,10 @@ class TrainConfig:
     features_on : str
         ``"memory"`` (rows in RAM) or ``"disk"`` (the feature file, read
         with O_DIRECT by the storage tier).
+    prefetch : int or None
+        Batches fetched ahead in a thread. None: 1 with features on disk
+        (three batches of rows in flight: one training, one fetched, one
+        being fetched, the bound the memory promise counts), 2 in memory.
     sampler : str
         ``"neighbor"`` (DGL's) or ``"cluster"`` (`ClusterSampler`).
     clusters : int
@@ -220,7 +224,7 @@ class TrainConfig:
     host_budget: str = "auto"
     features_on: str = "memory"
     eval: str = "auto"
-    prefetch: int = 2
+    prefetch: int | None = None
     window: int = 4
     profile_batches: int = 32
     reuse: str = "none"
@@ -312,6 +316,7 @@ def train(config: TrainConfig, dataset=None) -> dict:
             if config.loader_only else None
     finally:
         loader.close()
+    peak = peak_rss_bytes()
     result = {
         "config": config.as_dict(),
         "dataset": repr(dataset),
@@ -319,7 +324,8 @@ def train(config: TrainConfig, dataset=None) -> dict:
         "plan": loader.plan.as_dict(),
         "eval": eval_mode,
         "layout": layout,
-        "memory": dict(memory, peak_rss_bytes=peak_rss_bytes()),
+        "memory": dict(memory, peak_rss_bytes=peak,
+                       within_promise=peak <= memory["promise_bytes"]),
         "runs": completed,
         "summary": summarize(completed),
     }
@@ -505,8 +511,9 @@ def make_loader(config, dataset, sampler, device, profile=None):
     feature_bytes = dataset.feature_bytes
     device_budget = parse_budget(config.device_budget, feature_bytes)
     check_available("device", device_budget, device)
+    batch_bytes = batch_input_bytes(config, dataset, sampler)
     working = working_set_bytes(config, dataset, sampler, device_budget,
-                                device)
+                                device, batch_bytes)
     if str(config.host_budget).strip().lower() == "auto":
         # Up to every row with its bookkeeping: the file read once.
         policy = config.cache if config.cache in POLICIES else "none"
@@ -528,7 +535,10 @@ def make_loader(config, dataset, sampler, device, profile=None):
     memory = {"graph_bytes": dataset.graph_bytes,
               "feature_bytes": feature_bytes, "working_set_bytes": working,
               "device_budget_bytes": device_budget,
-              "host_budget_bytes": host_budget}
+              "host_budget_bytes": host_budget,
+              "batch_input_bytes": batch_bytes,
+              "batches_in_flight": batches_in_flight(config)}
+    memory["promise_bytes"] = memory_promise(memory, config.features_on)
     log.info("memory: graph %s, features %s (%s), working set %s, device "
              "budget %s, host budget %s", format_bytes(memory["graph_bytes"]),
              format_bytes(feature_bytes), config.features_on,
@@ -540,7 +550,7 @@ def make_loader(config, dataset, sampler, device, profile=None):
         labels=dataset.labels, batch_size=config.batch_size, shuffle=True,
         device=device, seed=config.seed, cache=config.cache,
         device_budget_bytes=device_budget, host_budget_bytes=host_budget,
-        prefetch=config.prefetch, window=config.window,
+        prefetch=prefetch_depth(config), window=config.window,
         profile_batches=config.profile_batches, reuse=config.reuse,
         placement=config.placement, profile=profile,
     )
@@ -548,28 +558,28 @@ def make_loader(config, dataset, sampler, device, profile=None):
 
 
 _WORKING_SET_BATCHES = 4
-# Batches of rows alive besides the prefetched ones: the one being fetched
-# (rows and the storage tier's read buffers), the one training (rows and
-# its first layer's activations, as wide as the rows), and one more for
-# allocator slack. Measured: peak RSS on synth-igb-large (4 KiB rows,
-# 1.8 GB per batch) exceeded graph + host tier + (prefetch + 2) batches.
-_BATCHES_BESIDE_PREFETCH = 4
 # Per-node state of profile and policies (hop counts, trace, slot tables).
 _BYTES_PER_NODE = 64
 
 
-def working_set_bytes(config, dataset, sampler, device_budget: int,
-                      device) -> int:
-    """Host memory a run needs besides the graph and the host tier.
+def prefetch_depth(config) -> int:
+    """Batches fetched ahead: ``config.prefetch``, or by default 1 with
+    features on disk (the rows of three batches in flight) and 2 in
+    memory."""
+    if config.prefetch is not None:
+        return config.prefetch
+    return 1 if config.features_on == "disk" else 2
 
-    The rows of the batches in flight (the largest input count of a few
-    sampled batches, times ``prefetch + 4``: batches queued, the one being
-    fetched with its read buffers, the one training with its first
-    layer's activations, and slack), 64 bytes per node of profile and
-    policy state, with ``eval="layerwise"`` its buffers
-    (`layerwise_buffer_bytes`; ``auto`` checks them when it resolves) and,
-    on a CPU device, the device tier.
-    """
+
+def batches_in_flight(config) -> int:
+    """Batches whose input rows may be alive at once: those prefetched,
+    the one being fetched and the one training (the loader keeps that
+    many buffers, `hmgraph.cache.feature.Feature.keep_buffers`)."""
+    return prefetch_depth(config) + 2
+
+
+def batch_input_bytes(config, dataset, sampler) -> int:
+    """Bytes of input rows of the largest of a few sampled batches."""
     seeds = dataset.split["train"]
     generator = torch.Generator().manual_seed(config.seed)
     order = seeds[torch.randperm(seeds.numel(), generator=generator)]
@@ -581,14 +591,41 @@ def working_set_bytes(config, dataset, sampler, device_budget: int,
             break
         input_nodes, _, _ = sampler.sample(dataset.graph, batch)
         most = max(most, input_nodes.numel())
-    row_bytes = dataset.manifest.row_bytes
-    total = most * row_bytes * (config.prefetch + _BATCHES_BESIDE_PREFETCH)
+    return most * dataset.manifest.row_bytes
+
+
+def working_set_bytes(config, dataset, sampler, device_budget: int,
+                      device, batch_bytes: int | None = None) -> int:
+    """Host memory a run needs besides the graph, the host tier and the
+    2 GiB reserve (`hmgraph.cache.budget.HOST_RESERVE_BYTES`, which the
+    model's step and the libraries live in).
+
+    The rows of the batches in flight (`batch_input_bytes` times
+    `batches_in_flight`: reused buffers, one per batch), 64 bytes per node
+    of profile and policy state, with ``eval="layerwise"`` its buffers
+    (`layerwise_buffer_bytes`; ``auto`` checks them when it resolves) and,
+    on a CPU device, the device tier. ``batch_bytes``: the batch's input
+    bytes where already known.
+    """
+    if batch_bytes is None:
+        batch_bytes = batch_input_bytes(config, dataset, sampler)
+    total = batch_bytes * batches_in_flight(config)
     total += _BYTES_PER_NODE * dataset.num_nodes
     if config.eval == "layerwise":
         total += layerwise_buffer_bytes(config, dataset)
     if torch.device(device).type == "cpu":
         total += device_budget
     return int(total)
+
+
+def memory_promise(memory: dict, features_on: str) -> int:
+    """The peak resident memory a run promises: graph + budgets (+ the
+    rows, in memory) + the batches in flight + the 2 GiB reserve."""
+    return int(memory["graph_bytes"] + memory["device_budget_bytes"]
+               + memory["host_budget_bytes"]
+               + (memory["feature_bytes"] if features_on == "memory" else 0)
+               + memory["batch_input_bytes"] * memory["batches_in_flight"]
+               + HOST_RESERVE_BYTES)
 
 
 def layerwise_buffer_bytes(config, dataset) -> int:
@@ -663,7 +700,8 @@ def evaluate(config, dataset, model, loader, device, mode: str) -> dict:
             split_loader = DataLoader(
                 dataset.graph, ids, sampler, features=view,
                 labels=dataset.labels, batch_size=config.batch_size,
-                device=device, seed=config.seed, prefetch=config.prefetch,
+                device=device, seed=config.seed,
+                prefetch=prefetch_depth(config),
             )
             parts = []
             dgl.seed(config.seed)  # the same sampled neighbours every time

@@ -162,6 +162,19 @@ def test_disk_mode_holds_no_feature_matrix(data_root, features_on):
     memory = result["memory"]
     assert memory["host_budget_bytes"] == memory["feature_bytes"] // 10
     assert memory["peak_rss_bytes"] > memory["graph_bytes"] > 0
+    # The plan's figure is a promise: graph + budgets (+ rows in memory)
+    # + the batches in flight (three on disk: one training, one fetched,
+    # one being fetched) + 2 GiB, and the run kept it.
+    assert memory["batches_in_flight"] == (3 if features_on == "disk"
+                                           else 4)
+    rows = memory["feature_bytes"] if features_on == "memory" else 0
+    assert memory["promise_bytes"] == memory["graph_bytes"] + rows \
+        + memory["host_budget_bytes"] + memory["device_budget_bytes"] \
+        + memory["batches_in_flight"] * memory["batch_input_bytes"] \
+        + (2 << 30)
+    assert memory["batch_input_bytes"] > 0
+    assert memory["within_promise"] and \
+        memory["peak_rss_bytes"] <= memory["promise_bytes"]
     assert 0.0 < result["valid"] <= 1.0
     if features_on == "memory":
         assert [TINY.num_nodes, TINY.feat_dim] in [b[1] for b in

@@ -40,7 +40,7 @@ from hmgraph.datasets.ogb_stream import (
     stream_features,
 )
 from hmgraph.datasets.pickles import ogb_split
-from hmgraph.datasets.planetoid import PLANETOID, find_planetoid
+from hmgraph.datasets.planetoid import PLANETOID, find_planetoid, read_planetoid
 from hmgraph.datasets.sources import source_digest, source_files
 from hmgraph.datasets.synthetic import SPECS, make_synthetic, meta_dict
 from hmgraph.datasets.synthetic import (
@@ -167,6 +167,8 @@ def _load_streamed(name: str, root: Path, features_on: str, verify: bool,
     See `hmgraph.datasets.ogb_stream`: the feature matrix is never held;
     the feature file and the built graph are cached like other datasets'.
     """
+    # Lazy, as ogb and DGL below: 3 s and 4 s to import, and
+    # `hmgraph --help` reads `known_datasets`.
     from ogb.nodeproppred import Evaluator
 
     folder = root / name.replace("-", "_")
@@ -272,7 +274,10 @@ def _cache_folder(dataset_folder: Path, name: str) -> Path:
 
 
 def _load_ogb_format(name: str, folder: Path, synthetic: bool):
-    from ogb.nodeproppred import DglNodePropPredDataset, Evaluator
+    from ogb.nodeproppred import (  # lazy: see _load_streamed
+        DglNodePropPredDataset,
+        Evaluator,
+    )
 
     with answer_ogb_prompts(answer="n"):
         if synthetic:
@@ -285,7 +290,7 @@ def _load_ogb_format(name: str, folder: Path, synthetic: bool):
 
 
 def _from_ogb(name, ds, folder, synthetic, evaluator_cls):
-    import dgl
+    import dgl  # lazy: see _load_streamed
 
     graph, raw_labels = ds[0]
     if synthetic:  # every undirected edge is stored once
@@ -328,9 +333,7 @@ def _load_ogbn(name: str, root: Path) -> NodeDataset:
 
 
 def _load_planetoid(name: str, root: Path) -> NodeDataset:
-    import dgl
-
-    from hmgraph.datasets.planetoid import read_planetoid
+    import dgl  # lazy: see _load_streamed
 
     folder = find_planetoid(name, root)
     if folder is None:

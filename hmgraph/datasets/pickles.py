@@ -27,6 +27,8 @@ import warnings
 import zipfile
 from pathlib import Path
 
+import torch
+
 __all__ = ["NUMPY_ARRAYS", "RestrictedUnpickler", "UnsafePickleError",
            "load_pickle", "load_torch", "ogb_split"]
 
@@ -143,8 +145,6 @@ def load_torch(path: str | os.PathLike, what: str):
     UnsafePickleError
         One line naming the file and the global it was refused for.
     """
-    import torch
-
     path = Path(path)
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as archive:

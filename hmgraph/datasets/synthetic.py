@@ -41,7 +41,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import psutil
+from tqdm.auto import tqdm
 
+from hmgraph.cache.format import (
+    FeatureFileError,
+    FeatureFileWriter,
+    read_manifest,
+)
 from hmgraph.datasets.base import FEATURE_FILE
 from hmgraph.datasets.locking import exclusive_lock
 
@@ -305,10 +312,6 @@ def write_features(spec: SynthSpec, label: np.ndarray, centroid: np.ndarray,
     -------
     hmgraph.cache.format.FeatureManifest
     """
-    from tqdm.auto import tqdm
-
-    from hmgraph.cache.format import FeatureFileWriter
-
     n = spec.num_nodes
     with FeatureFileWriter(path, (n, spec.feat_dim), np.float32) as out:
         starts = tqdm(range(0, n, FEATURE_BLOCK_ROWS), unit="block",
@@ -355,8 +358,6 @@ def check_feature_file(folder: Path) -> None:
     hmgraph.cache.format.FeatureFileError
         One line naming the file, both checksums and the way out.
     """
-    from hmgraph.cache.format import FeatureFileError, read_manifest
-
     folder = Path(folder)
     meta = folder / _META_FILE
     recorded = json.loads(meta.read_text()).get("feature_checksum")
@@ -429,6 +430,7 @@ def make_synthetic(name: str, root: str | os.PathLike,
         The dataset's folder (OGB layout: ``raw/``, ``processed/``,
         ``split/``, ``mapping/``; ``hmgraph/node-feat.bin``).
     """
+    # Lazy: ogb takes 3 s to import; a generated set is written once.
     from ogb.io import DatasetSaver
     from ogb.nodeproppred import DglNodePropPredDataset
 
@@ -509,8 +511,6 @@ def make_synthetic(name: str, root: str | os.PathLike,
 
 def _remove_stale_builds(root: Path, stem: str) -> None:
     """Delete build folders of runs that died (their pid is gone)."""
-    import psutil
-
     for stale in root.glob(f".{stem}-*-*"):
         pid = stale.name[len(stem) + 2:].split("-")[0]
         if stale.is_dir() and pid.isdigit() and not psutil.pid_exists(

@@ -1,19 +1,28 @@
 """Out of core: train when node features are larger than host memory.
 
 DGL's loader (rows in memory, ``np.memmap``) against hmgraph's with
-features on disk, each in its own process; targets of issue 13
+features on disk, each in its own process; targets of issues 13 and 34
 (bench/README.md). ``python bench/outofcore.py --quick``.
+
+Every hmgraph row has its roofline: per batch, the disk model's seconds
+for the requests and bytes the epoch read (at the queue depth the model
+chose), and the training step alone on a batch already in memory (the
+epoch's model copied, three steps after the epoch, median); the figure to
+drive down is measured / max(storage, compute).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import common
 import psutil
+import torch
 
 from hmgraph import datasets
 from hmgraph.args import name_list
@@ -94,6 +103,9 @@ def run_hmgraph(name: str, args, loader_only: bool) -> dict:
             max_batches=args.batches, desc=f"hmgraph {mode}")
         storage = run["stats"]["storage"]
         runs.append(dict(run, amplification=storage["amplification"] or None))
+    compute = _step_alone(loader, model)
+    for run, mode in zip(runs, ("train", "loader"), strict=False):
+        run["roofline"] = _roofline(run, compute if mode == "train" else 0.0)
     mode = resolve_eval(config, data, loader)
     began = time.perf_counter()
     scores = evaluate(config, data, model, loader, "cpu", mode)
@@ -104,6 +116,34 @@ def run_hmgraph(name: str, args, loader_only: bool) -> dict:
                    construct_seconds=construct,
                    construct_storage=construct_storage, memory=memory,
                    evaluation=evaluation)
+
+
+def _step_alone(loader, model, repeats: int = 3) -> float:
+    """Seconds of one training step with the batch in memory: one more
+    batch of the loader, then ``repeats`` steps of a copy of the model
+    (the trained one is left as it is) with nothing else running; the
+    median."""
+    batch = next(iter(loader))
+    twin = copy.deepcopy(model)
+    optimizer = torch.optim.Adam(twin.parameters(), lr=common.LR)
+    seconds = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        common.train_step(twin, optimizer, batch.blocks, batch.x, batch.y)
+        seconds.append(time.perf_counter() - began)
+    return statistics.median(seconds)
+
+
+def _roofline(run: dict, compute: float) -> dict:
+    """Per batch: the disk model's seconds for what the epoch read, the
+    step alone (``compute``; 0 for the loader alone), their max, and
+    measured / max."""
+    storage = run["stats"]["storage"]["model_seconds"] / max(
+        run["batches"], 1)
+    roof = max(storage, compute)
+    return {"storage_seconds": storage, "compute_seconds": compute,
+            "roofline_seconds": roof,
+            "ratio": run["seconds_per_batch"] / roof if roof else None}
 
 
 def _speedup(base: dict, record: dict, epochs: int) -> tuple:
@@ -160,6 +200,37 @@ def targets(records: list[dict], epochs: int) -> list[dict]:
     return rows
 
 
+def targets_34(records: list[dict], epochs: int) -> list[dict]:
+    """Issue 34's targets 1-3 (4 and 5: bench/cache_policies.py on
+    synth-papers and the tests)."""
+    by = {(r["dataset"], r["config"]): r for r in records}
+    rows = []
+    large = by.get(("synth-igb-large", "hmgraph"))
+    memmap = by.get(("synth-igb-large", "dgl memmap-random"))
+    if large and memmap:
+        ratio, amortized = _speedup(memmap, large, epochs)
+        rows.append(common.target(
+            1, "synth-igb-large: dgl memmap-random / hmgraph, seconds per "
+            "batch", ratio, ">=", 3.0, common.built_note(
+                f"construct {large['construct_seconds']:.1f} s", epochs,
+                amortized)))
+    if large:
+        roof = large["train"].get("roofline") or {}
+        rows.append(common.target(
+            2, "synth-igb-large: measured s/batch / roofline max(storage "
+            "model, step alone)", roof.get("ratio"), "<=", 1.3))
+    for name in ("synth-igb", "synth-igb-large"):
+        record = by.get((name, "hmgraph"))
+        if record and "promise_bytes" in record["memory"]:
+            memory = record["memory"]
+            rows.append(common.target(
+                3, f"{name}: peak RSS GB (epoch and evaluation) against "
+                f"graph + budgets + {memory['batches_in_flight']} batches' "
+                f"input rows + 2 GiB", record["peak_rss_bytes"] / 1e9,
+                "<=", memory["promise_bytes"] / 1e9))
+    return rows
+
+
 def report(result: dict) -> str:
     a, epochs = result["args"], result["args"]["amortize_epochs"]
     lines = ["# Out of core", "",
@@ -170,8 +241,12 @@ def report(result: dict) -> str:
              f"num_workers={a['dgl_workers']}, memmap pages dropped once "
              f"before each epoch.", ""]
     if result.get("disk"):
+        sweep = ", ".join(f"{depth}: {rate:,.0f}"
+                          for depth, rate in result["disk"].get("sweep", ()))
         lines += ["Disk (measured in this run): "
-                  f"{common.disk_text(result['disk'])}.", ""]
+                  f"{common.disk_text(result['disk'])}"
+                  + (f"; random 4 KiB reads/s per queue depth {sweep}"
+                     if sweep else "") + ".", ""]
     by = {(r["dataset"], r["config"]): r for r in result["records"]}
     rows = []
     for r in result["records"]:
@@ -206,9 +281,28 @@ def report(result: dict) -> str:
                         *(r["memory"][k] / 1e9 for k in (
                             "host_budget_bytes", "graph_bytes",
                             "working_set_bytes"))] for r in evals]), ""]
+    roofs = [(r, mode, r[mode]["roofline"]) for r in result["records"]
+             for mode in ("train", "loader")
+             if r.get(mode) and r[mode].get("roofline")]
+    if roofs:
+        lines += ["Roofline (hmgraph), seconds per batch: the disk model "
+                  "priced on the epoch's requests and bytes at its queue "
+                  "depth, the training step alone on a batch in memory, "
+                  "and what the epoch measured:", "",
+                  common.markdown_table(
+                      ["dataset", "epoch", "storage model", "step alone",
+                       "roofline", "measured", "measured / roofline"],
+                      [[r["dataset"], mode, roof["storage_seconds"],
+                        roof["compute_seconds"] or "-",
+                        roof["roofline_seconds"],
+                        r[mode]["seconds_per_batch"], roof["ratio"]]
+                       for r, mode, roof in roofs]), ""]
     lines += [f"FAILED: {f['dataset']} {f['config']}: {f['error']}\n"
               for f in result["failures"]]
-    lines += ["Targets:", "", common.targets_table(result["targets"]), ""]
+    lines += ["Targets (issue 13):", "",
+              common.targets_table(result["targets"]), "",
+              "Targets (issue 34):", "",
+              common.targets_table(result["targets_34"]), ""]
     return "\n".join(lines)
 
 
@@ -249,6 +343,8 @@ def main(argv=None) -> int:
                   f"construct {record['construct_seconds']:.1f} s, peak RSS "
                   f"{record['peak_rss_bytes'] / 1e9:.2f} GB", flush=True)
     result["targets"] = targets(result["records"], args.amortize_epochs)
+    result["targets_34"] = targets_34(result["records"],
+                                      args.amortize_epochs)
     return common.finish(result, report(result),
                          Path(args.out) / "outofcore.json")
 

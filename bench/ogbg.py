@@ -2,7 +2,8 @@
 
 Every cell is one ``hmgraph classify`` run on an ``ogbg-mol*`` set in
 ``--root``: OGB's scaffold split as given, ``--seeds`` runs with seeds
-0..N-1 (the split repeated), the epoch picked on OGB's validation split,
+0..N-1 (the split repeated), the epoch of the best score on OGB's
+validation split (unsmoothed, ``smooth=1``),
 scored once on its test split with OGB's ``Evaluator`` (ROC-AUC for
 ``ogbg-molbace`` / ``ogbg-molbbbp``, RMSE for ``ogbg-molesol`` /
 ``ogbg-molfreesolv``); mean ± std over the seeds, as OGB's leaderboards
@@ -214,8 +215,9 @@ def main(argv=None) -> int:
     done = {(c["dataset"], c["model"]) for c in report["cells"]}
     jobs = [(d, m) for m in args.models.split(",")
             for d in args.datasets.split(",") if (d, m) not in done]
+    # OGB's protocol: the epoch of the best validation score, unsmoothed.
     run_settings = {"folds": args.seeds, "epochs": args.epochs,
-                    "patience": args.patience}
+                    "patience": args.patience, "smooth": 1}
     with ProcessPoolExecutor(args.workers,
                              mp_context=get_context("spawn")) as pool:
         futures = [pool.submit(_cell, d, m, args.root, run_settings)

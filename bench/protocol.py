@@ -11,9 +11,14 @@ defaults, 10 folds) under one of `VARIANTS`:
 - ``holdout-s5``: the same, the curve's trailing mean over 5 epochs;
 - ``inner``: inner stratified 3-fold CV of the training fold in
   lockstep, their mean curve (Errica et al. 2020's inner selection, the
-  epoch count as the hyper-parameter), then one model retrained on the
-  whole training fold for the picked epochs;
-- ``inner-s5``: ``inner`` on the curve's trailing mean over 5 epochs.
+  epoch count as the hyper-parameter); the three inner models at the
+  picked epoch predict the test fold together (mean probabilities);
+- ``inner-retrain``: the same selection, then one model retrained on the
+  whole training fold for the picked epochs (as Errica et al.);
+- ``-s5``: on the curve's trailing mean over 5 epochs.
+
+An ``inner-retrain`` run trains the very models ``inner`` would and
+records their ensemble's test score too: it yields both cells.
 
 Results accumulate in ``--out`` (JSON) and its markdown twin, one cell at
 a time (a stopped run keeps the cells done; ``--resume`` skips them).
@@ -40,12 +45,15 @@ VARIANTS = {
     "holdout-s5": {"selection": "holdout", "smooth": 5},
     "inner": {"selection": "inner", "smooth": 1},
     "inner-s5": {"selection": "inner", "smooth": 5},
+    "inner-retrain": {"selection": "inner-retrain", "smooth": 1},
+    "inner-retrain-s5": {"selection": "inner-retrain", "smooth": 5},
 }
 GAP_MAX = 5.0  # points of accuracy
 
 
-def _cell(dataset, model, variant, root, settings):
-    """One cross-validated run in a worker (one thread)."""
+def _cell(dataset, model, variant, root, settings, extra):
+    """One cross-validated run in a worker (one thread); ``extra``
+    overrides the CLI's defaults (``{"batch_size": 32}``)."""
     import torch
 
     from hmgraph.classify import ClassifyConfig, load_graph_dataset, run
@@ -55,14 +63,30 @@ def _cell(dataset, model, variant, root, settings):
     with tempfile.TemporaryDirectory(prefix="hmgraph-protocol-") as out:
         config = ClassifyConfig(dataset=dataset, root=str(root), model=model,
                                 progress=False, out=out,
-                                **settings, **VARIANTS[variant])
+                                **settings, **VARIANTS[variant], **extra)
         start = time.perf_counter()
         result = run(config, data)
+    cells = [_summary(dataset, model, variant, extra, result, data,
+                      start)]
+    if variant.startswith("inner-retrain"):  # the same inner models
+        folds = [dict(f, test=f["test_ensemble"]) for f in result["folds"]]
+        cells.append(_summary(dataset, model,
+                              variant.replace("inner-retrain", "inner"),
+                              extra, dict(result, folds=folds), data, start))
+    return cells
+
+
+def _summary(dataset, model, variant, extra, result, data, start):
+    import torch
+
+    from hmgraph.classify import summarize
+
+    name = " ".join([variant] + [f"{k}={v:g}" for k, v in extra.items()])
+    summary = summarize(result["folds"])
     counts = torch.bincount(data.labels)
-    summary = result["summary"]
-    return {"dataset": dataset, "model": model, "variant": variant,
-            "overrides": VARIANTS[variant], "protocol": result["protocol"],
-            "summary": summary,
+    return {"dataset": dataset, "model": model, "variant": name,
+            "overrides": {**VARIANTS[variant], **extra},
+            "protocol": result["protocol"], "summary": summary,
             "gap": 100 * (summary["valid_mean"] - summary["test_mean"]),
             "majority": float(counts.max() / counts.sum()),
             "folds": [{k: f[k] for k in ("fold", "best_epoch", "epochs_run",
@@ -75,8 +99,7 @@ def format_markdown(report) -> str:
     """Per dataset and model, each variant's test mean ± std, mean best
     validation and the gap; the verdict per variant."""
     cells = report["cells"]
-    variants = [v for v in VARIANTS if any(c["variant"] == v
-                                           for c in cells)]
+    variants = list(dict.fromkeys(c["variant"] for c in cells))
     lines = ["# Epoch selection on small TU sets: does validation track "
              "test?", "",
              f"Settings: {json.dumps(report['settings'])}; 10-fold "
@@ -135,6 +158,9 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--patience", type=int, default=20)
+    parser.add_argument("--set", default="",
+                        help="extra settings for every cell, e.g. "
+                        "'batch_size=32,clip=1' (ClassifyConfig fields)")
     parser.add_argument("--out", default=str(RESULTS / "protocol.json"))
     parser.add_argument("--resume", action="store_true",
                         help="keep the cells already in --out, run the rest")
@@ -145,28 +171,33 @@ def main(argv=None) -> int:
         parser.error(f"unknown variant {unknown[0]!r}; available: "
                      f"{', '.join(VARIANTS)}")
     settings = {"epochs": args.epochs, "patience": args.patience}
+    extra = {k: float(v) if "." in v or "e" in v else int(v)
+             for k, _, v in (part.partition("=") for part in
+                             filter(None, args.set.split(",")))}
     out = Path(args.out)
     report = {"settings": settings, "cells": []}
     if args.resume and out.is_file():
         report = json.loads(out.read_text())
+    suffix = "".join(f" {k}={v:g}" for k, v in extra.items())
     done = {(c["dataset"], c["model"], c["variant"]) for c in report["cells"]}
     jobs = [(d, m, v) for d in args.datasets.split(",")
             for m in args.models.split(",") for v in variants
-            if (d, m, v) not in done]
+            if (d, m, v + suffix) not in done]
     with ProcessPoolExecutor(args.workers,
                              mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_cell, d, m, v, args.root, settings):
+        futures = {pool.submit(_cell, d, m, v, args.root, settings, extra):
                    (d, m, v) for d, m, v in jobs}
         for future in as_completed(futures):
-            cell = future.result()
-            report["cells"].append(cell)
+            for cell in future.result():
+                report["cells"].append(cell)
+                s = cell["summary"]
+                print(f"{cell['dataset']} {cell['model']} "
+                      f"{cell['variant']}: test {100 * s['test_mean']:.2f}"
+                      f" ± {100 * s['test_std']:.2f} valid "
+                      f"{100 * s['valid_mean']:.2f} gap "
+                      f"{cell['gap']:+.2f} ({cell['wall_seconds']:.0f} s)",
+                      flush=True)
             _write(report, out)
-            s = cell["summary"]
-            print(f"{cell['dataset']} {cell['model']} {cell['variant']}: "
-                  f"test {100 * s['test_mean']:.2f} ± "
-                  f"{100 * s['test_std']:.2f} valid "
-                  f"{100 * s['valid_mean']:.2f} gap {cell['gap']:+.2f} "
-                  f"({cell['wall_seconds']:.0f} s)", flush=True)
     print(format_markdown(report), end="")
     return 0
 

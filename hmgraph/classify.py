@@ -1,27 +1,48 @@
-"""Graph classification under one protocol (``hmgraph classify``).
+"""Graph classification and regression under one protocol
+(``hmgraph classify``).
 
 `run` trains one model (`hmgraph.models.pooling.POOLING_MODELS`) on a TU
 dataset with stratified k-fold cross-validation:
 
 1. The graphs are split into ``folds`` stratified folds (scikit-learn's
    ``StratifiedKFold``, shuffled with ``seed``). Each fold is the test set
-   once.
-2. From the other folds a stratified validation set as large as the test
-   fold is carved out (train : valid : test = 8 : 1 : 1 at 10 folds).
-3. The model trains with Adam (over `flat_parameters`: one update a
-   step, the same bits) on mini-batches of ``batch_size`` graphs (order
-   seeded with ``seed + 1000 * fold + epoch``), loss = cross-entropy +
-   the model's ``auxiliary_loss``, for at most ``epochs`` epochs; after
-   every epoch it is scored on the validation set only. The best epoch is
-   the highest validation metric, ties broken by the lower validation
-   loss; training stops after ``patience`` epochs without a better one.
-4. The weights of the best epoch are scored once on the test fold. The
-   test fold is never used for selection or stopping.
-5. Mean and standard deviation (over folds) of the test metric.
+   once; the other folds are its training fold.
+2. The epoch count is picked without the test fold, by
+   ``selection`` (`SELECTIONS`):
 
-OGB datasets (``ogbg-molbace``, ...) come with an official scaffold split:
-there the split is used as is, ``folds`` runs repeat it with seeds
-``seed + fold``, and the metric is OGB's (ROC-AUC).
+   - ``"inner"``: the training fold is split again into ``inner_folds``
+     stratified inner folds; one model per inner split trains in
+     lockstep, each scored on its inner validation fold after every
+     epoch; the mean of their curves picks the epoch and stops training
+     (Errica et al., ICLR 2020's inner model selection, with the epoch
+     count as the selected setting). The inner models at the picked
+     epoch predict the test fold together (`Ensemble`).
+   - ``"inner-retrain"``: the same selection, then one model trains on
+     the whole training fold for the picked number of epochs (the
+     ensemble's test score is kept beside, ``test_ensemble``).
+   - ``"holdout"``: a stratified validation set as large as the test fold
+     is carved from the training fold (8 : 1 : 1 at 10 folds); the model
+     trains on the rest and its weights of the picked epoch are kept.
+
+   The picked epoch has the best validation metric, ties broken by the
+   lower validation loss, on the curve's trailing mean over ``smooth``
+   epochs; training stops after ``patience`` epochs without a better one.
+   Training: Adam (over `flat_parameters`: one update a step, the same
+   bits) on mini-batches of ``batch_size`` graphs (order seeded with the
+   fold's seed + epoch), loss = `task_loss` + the model's
+   ``auxiliary_loss``.
+3. The picked model is scored once on the test fold.
+4. Mean and standard deviation (over folds) of the test metric; the
+   reported validation score is the picked (smoothed) one, so the gap
+   between the two shows how far selection flattered the model.
+
+OGB datasets (every ``ogbg-mol*``: binary classification with one or
+many tasks, regression) come with an official scaffold split: there the
+split is used as is, its validation set picks the epoch (``selection``
+does not apply), ``folds`` runs repeat it with the folds' seeds, the loss
+masks unlabelled entries and the metric is OGB's ``Evaluator``'s (ROC-AUC,
+AP, RMSE; RMSE is picked lowest). Regressors learn standardised targets
+(`TargetScale`).
 
 Results go to ``OUT/result.json`` and ``OUT/result.md`` (written
 atomically); `format_markdown` renders the table. Each finished fold is
@@ -92,9 +113,10 @@ class ClassifyConfig:
         Pooling ratio; None takes the model's default.
     selection : str
         How the epoch is picked (`SELECTIONS`): ``"inner"`` (inner
-        k-fold over the training fold, then one model retrained on all
-        of it) or ``"holdout"`` (the carved validation set). Official
-        splits always select on their own validation set.
+        k-fold over the training fold; the inner models predict
+        together), ``"inner-retrain"`` (the same, then one model
+        retrained on all of it) or ``"holdout"`` (the carved validation
+        set). Official splits always select on their own validation set.
     smooth : int
         Epochs of the trailing mean over the validation curve that picks
         the epoch (1: the raw curve).
@@ -142,7 +164,7 @@ FOLD_KEYS = ("dataset", "model", "folds", "epochs", "patience", "batch_size",
              "seed", "device", "selection", "smooth", "inner_folds",
              "clip")
 #: Epoch selections (`ClassifyConfig.selection`).
-SELECTIONS = ("inner", "holdout")
+SELECTIONS = ("inner", "inner-retrain", "holdout")
 
 
 @functools.cache
@@ -500,6 +522,29 @@ def target_scale(dataset, train_ids) -> tuple:
     return mean, torch.where(std > 0, std, torch.ones_like(std))
 
 
+class Ensemble(torch.nn.Module):
+    """The mean prediction of ``models``, as one model's outputs.
+
+    Multiclass: the log of the mean class probabilities (logits whose
+    softmax is that mean); binary: the logit of the mean probability;
+    regression: the mean value. `evaluate` scores it as any model.
+    """
+
+    def __init__(self, models, task: str):
+        super().__init__()
+        self.members = torch.nn.ModuleList(models)
+        self.task = task
+
+    def forward(self, graph, feat):
+        """The members' outputs, averaged as the task's predictions."""
+        outs = torch.stack([m(graph, feat) for m in self.members])
+        if self.task == "multiclass":
+            return torch.softmax(outs, -1).mean(0).clamp_min(1e-12).log()
+        if self.task == "binary":
+            return torch.logit(torch.sigmoid(outs).mean(0), eps=1e-7)
+        return outs.mean(0)
+
+
 class _Trainer:
     """One model, its flat Adam and its training graphs; `epoch` trains
     one epoch of mini-batches in the order seeded with ``seed + epoch``.
@@ -619,7 +664,8 @@ def _train_fold(config, dataset, split, fold, device, bar) -> dict:
     """One outer fold under ``config.selection`` (see `SELECTIONS`)."""
     seed = config.seed + 1000 * fold
     start = time.perf_counter()
-    if config.selection == "inner" and dataset.split is None:
+    extra = {}
+    if config.selection.startswith("inner") and dataset.split is None:
         # (1) Inner k-fold over train + valid picks the epoch count...
         outer = torch.cat([split["train"], split["valid"]]).sort().values
         inner = inner_splits(dataset, outer, config.inner_folds, seed)
@@ -627,11 +673,19 @@ def _train_fold(config, dataset, split, fold, device, bar) -> dict:
                              device) for j, (tr, _) in enumerate(inner)]
         picked = _select_epochs(config, dataset, trainers,
                                 [va for _, va in inner], device, bar, fold)
-        # (2) ...then one model trains on all of it for that many epochs.
-        final = _Trainer(config, dataset, outer, seed, device)
-        for epoch in range(picked["best_epoch"] + 1):
-            final.epoch(epoch)
-        model = final.model
+        for trainer, state in zip(trainers, picked["states"], strict=True):
+            trainer.model.load_state_dict(state)
+        # (2) ...and the inner models at that epoch predict together
+        # ("inner"), or one model trains on all of it for that many
+        # epochs ("inner-retrain"; the ensemble's score kept beside).
+        model = Ensemble([t.model for t in trainers], dataset.task)
+        if config.selection == "inner-retrain":
+            extra["test_ensemble"] = evaluate(model, dataset, split["test"],
+                                              device)["metric"]
+            final = _Trainer(config, dataset, outer, seed, device)
+            for epoch in range(picked["best_epoch"] + 1):
+                final.epoch(epoch)
+            model = final.model
         sizes = {"train": int(outer.numel()),
                  "inner_valid": int(inner[0][1].numel()),
                  "test": int(split["test"].numel())}
@@ -650,7 +704,7 @@ def _train_fold(config, dataset, split, fold, device, bar) -> dict:
             "valid_loss": picked["valid_loss"], "test": test["metric"],
             "test_loss": test["loss"],
             "seconds": time.perf_counter() - start,
-            "sizes": sizes, "history": picked["history"]}
+            "sizes": sizes, "history": picked["history"], **extra}
 
 
 def run(config: ClassifyConfig, dataset=None) -> dict:
@@ -700,13 +754,17 @@ def run(config: ClassifyConfig, dataset=None) -> dict:
                     f"and early stopping on its valid")
     else:
         splits = make_folds(dataset.labels, config.folds, config.seed)
-        if config.selection == "inner":
+        if config.selection.startswith("inner"):
+            final = ("the inner models at that epoch, their mean "
+                     "prediction, are scored on test"
+                     if config.selection == "inner" else
+                     "then one model trains on the whole training fold "
+                     "for that many epochs and is scored on test")
             protocol = (f"stratified {config.folds}-fold CV; per fold, an "
                         f"inner stratified {config.inner_folds}-fold CV of "
                         f"the training fold picks the epoch count on its "
-                        f"mean validation curve (early stopping on it), "
-                        f"then one model trains on the whole training "
-                        f"fold for that many epochs and is scored on test")
+                        f"mean validation curve (early stopping on it); "
+                        f"{final}")
         else:
             protocol = (f"stratified {config.folds}-fold CV, valid carved "
                         f"from each training fold (8:1:1 at 10 folds); "
@@ -924,9 +982,10 @@ def add_parser(commands):
                         default=ClassifyConfig.selection,
                         help="how the epoch is picked on cross-validated "
                         "sets: inner (inner k-fold of the training fold, "
-                        "then retrain on all of it) or holdout (one "
-                        "carved validation set); official splits use "
-                        "their own valid")
+                        "the inner models predict together), "
+                        "inner-retrain (the same, then one model trained "
+                        "on all of it) or holdout (one carved validation "
+                        "set); official splits use their own valid")
     parser.add_argument("--smooth", type=positive_int,
                         default=ClassifyConfig.smooth,
                         help="pick the epoch on the trailing mean of this "

@@ -42,13 +42,16 @@ def test_inner_splits_partition_and_stratify(mutag):
         inner_splits(mutag, ids, 1, seed=0)
 
 
-def test_inner_selection_retrains_on_the_whole_training_fold(mutag,
-                                                             tmp_path):
+@pytest.mark.parametrize("selection", ["inner", "inner-retrain"])
+def test_inner_selection_picks_on_the_mean_inner_curve(mutag, tmp_path,
+                                                       selection):
     result = run(ClassifyConfig(
         dataset="MUTAG", model="gin", folds=10, max_folds=2, epochs=6,
-        patience=6, hidden=8, levels=2, selection="inner", inner_folds=3,
+        patience=6, hidden=8, levels=2, selection=selection, inner_folds=3,
         out=str(tmp_path), progress=False), mutag)
     assert "inner stratified 3-fold CV" in result["protocol"]
+    assert ("retrain" in selection) == ("one model trains on the whole"
+                                        in result["protocol"])
     folds = make_folds(mutag.labels, 10, 0)
     for record, split in zip(result["folds"], folds, strict=False):
         test = split["test"].numel()
@@ -60,6 +63,30 @@ def test_inner_selection_retrains_on_the_whole_training_fold(mutag,
         # The pick is the mean inner curve's best (ties: lower loss).
         assert record["valid"] == max(curve)
         assert record["valid"] == curve[record["best_epoch"]]
+        assert ("test_ensemble" in record) == (selection == "inner-retrain")
+
+
+def test_ensemble_averages_probabilities():
+    from hmgraph.classify import Ensemble
+
+    class Fixed(torch.nn.Module):
+        def __init__(self, out):
+            super().__init__()
+            self.out = out
+
+        def forward(self, graph, feat):
+            return self.out
+
+    a = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
+    b = torch.tensor([[-1.0, 1.0], [3.0, 0.0]])
+    mean = (torch.softmax(a, -1) + torch.softmax(b, -1)) / 2
+    out = Ensemble([Fixed(a), Fixed(b)], "multiclass")(None, None)
+    assert torch.allclose(torch.softmax(out, -1), mean)
+    out = Ensemble([Fixed(a), Fixed(b)], "binary")(None, None)
+    assert torch.allclose(torch.sigmoid(out),
+                          (torch.sigmoid(a) + torch.sigmoid(b)) / 2)
+    out = Ensemble([Fixed(a), Fixed(b)], "regression")(None, None)
+    assert torch.equal(out, (a + b) / 2)
 
 
 def test_smoothed_curve_picks_the_best_trailing_mean(mutag, tmp_path):
@@ -81,7 +108,7 @@ def test_smoothed_curve_picks_the_best_trailing_mean(mutag, tmp_path):
 
 @pytest.mark.parametrize(("change", "words"), [
     ({"selection": "nested"},
-     "unknown selection 'nested'; available: inner, holdout"),
+     "unknown selection 'nested'; available: inner, inner-retrain, holdout"),
     ({"inner_folds": 1}, "inner_folds must be at least 2; got 1"),
     ({"smooth": 0}, "smooth must be positive; got 0"),
 ], ids=["selection", "inner-folds", "smooth"])

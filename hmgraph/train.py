@@ -34,6 +34,7 @@ from hmgraph.cache.budget import (
     parse_budget,
 )
 from hmgraph.cache.coordinated import FrozenView
+from hmgraph.cache.disk import disk_model
 from hmgraph.cache.format import atomic_path
 from hmgraph.cache.plan import metadata_bytes
 from hmgraph.cache.policies import POLICIES, layer_aware_score
@@ -162,7 +163,8 @@ class TrainConfig:
         over the validation and test nodes only, as DGL's out-of-core
         examples evaluate; the train metric is then the epoch's running
         accuracy. ``"auto"``: layer-wise, unless features are on disk and
-        its estimated storage reads exceed `LAYERWISE_READ_LIMIT_BYTES`
+        the disk model prices its storage reads over
+        `LAYERWISE_READ_LIMIT_SECONDS`
         (see `resolve_eval`).
     features_on : str
         ``"memory"`` (rows in RAM) or ``"disk"`` (the feature file, read
@@ -634,33 +636,48 @@ def layerwise_buffer_bytes(config, dataset) -> int:
     return 2 * dataset.num_nodes * width * 4
 
 
-#: ``eval="auto"`` picks layer-wise inference while its estimated storage
-#: reads stay under this (about a minute at 0.5-1 GB/s).
-LAYERWISE_READ_LIMIT_BYTES = 32 << 30
+#: ``eval="auto"`` picks layer-wise inference while the disk model prices
+#: its estimated storage reads under this many seconds.
+LAYERWISE_READ_LIMIT_SECONDS = 60.0
+
+
+def layerwise_read_seconds(config, dataset, loader) -> float:
+    """The disk model's seconds for layer-wise inference's storage reads.
+
+    Layer-wise inference reads each chunk's input rows that the cache
+    does not hold; a chunk's inputs (the chunk and its neighbours, random
+    ids) spread over nearly every page, so each chunk reads about every
+    uncached byte, in requests that each cover a break-even gap
+    (`hmgraph.cache.disk.DiskModel.gap_bytes`) or a row. Priced with the
+    model of the feature file's disk at the depth the storage tier keeps
+    in flight.
+    """
+    held = loader.plan.device_rows + loader.plan.host_rows
+    row_bytes = dataset.manifest.row_bytes
+    uncached = max(0, dataset.num_nodes - held) * row_bytes
+    chunks = math.ceil(dataset.num_nodes / config.eval_batch_size)
+    model = disk_model(dataset.feature_path)
+    requests = uncached / max(model.gap_bytes, row_bytes)
+    return chunks * model.seconds(requests, uncached)
 
 
 def resolve_eval(config, dataset, loader) -> str:
     """``layerwise`` or ``sampled``, resolving ``auto``.
 
-    With features on disk, layer-wise inference reads each chunk's input
-    rows that the cache does not hold; a chunk's inputs (the chunk and its
-    neighbours, random ids) spread over nearly every page, so the reads
-    are about ``chunks * uncached feature bytes``. ``auto`` keeps
-    layer-wise while that estimate is under `LAYERWISE_READ_LIMIT_BYTES`
-    and its buffers (`layerwise_buffer_bytes`) fit in free memory.
+    With features on disk, ``auto`` keeps layer-wise while its storage
+    reads (`layerwise_read_seconds`) stay under
+    `LAYERWISE_READ_LIMIT_SECONDS` and its buffers
+    (`layerwise_buffer_bytes`) fit in free memory.
     """
     if config.eval != "auto":
         return config.eval
     if config.features_on == "memory":
         return "layerwise"
-
-    held = loader.plan.device_rows + loader.plan.host_rows
-    uncached = max(0, dataset.num_nodes - held) * dataset.manifest.row_bytes
-    chunks = math.ceil(dataset.num_nodes / config.eval_batch_size)
     fits = layerwise_buffer_bytes(config, dataset) + HOST_RESERVE_BYTES <= \
         available_bytes("cpu")
-    return "layerwise" if fits and chunks * uncached <= \
-        LAYERWISE_READ_LIMIT_BYTES else "sampled"
+    return "layerwise" if fits and layerwise_read_seconds(
+        config, dataset, loader) <= LAYERWISE_READ_LIMIT_SECONDS \
+        else "sampled"
 
 
 def peak_rss_bytes() -> int:

@@ -455,3 +455,38 @@ def test_build_folders_of_killed_runs_are_removed(data_root):
     (stale / "build").mkdir(parents=True)
     make_synthetic("synth-tiny", data_root)
     assert not stale.exists()
+
+
+def test_auto_evaluation_prices_layerwise_reads_with_the_disk_model(
+        data_root, monkeypatch):
+    """``eval="auto"`` keeps layer-wise inference while the disk model, at
+    the storage tier's depth, prices its reads (every chunk reading every
+    uncached byte) under the limit."""
+    import dgl
+
+    from hmgraph import train as training
+    from hmgraph.cache.disk import disk_model
+
+    data = datasets.load("synth-tiny", data_root, features_on="disk")
+    config = TrainConfig(dataset="synth-tiny", root=str(data_root),
+                         fanouts=[5, 5], features_on="disk",
+                         cache="hmgraph", host_budget="10%", eval="auto",
+                         progress=False)
+    sampler = dgl.dataloading.NeighborSampler(config.fanouts)
+    loader, _ = training.make_loader(config, data, sampler, "cpu")
+    try:
+        model = disk_model(data.feature_path)
+        held = loader.plan.device_rows + loader.plan.host_rows
+        row_bytes = data.manifest.row_bytes
+        uncached = (data.num_nodes - held) * row_bytes
+        chunks = -(-data.num_nodes // config.eval_batch_size)
+        seconds = training.layerwise_read_seconds(config, data, loader)
+        assert seconds == pytest.approx(chunks * model.seconds(
+            uncached / max(model.gap_bytes, row_bytes), uncached))
+        assert seconds > 0
+        assert training.resolve_eval(config, data, loader) == "layerwise"
+        monkeypatch.setattr(training, "LAYERWISE_READ_LIMIT_SECONDS",
+                            seconds / 2)
+        assert training.resolve_eval(config, data, loader) == "sampled"
+    finally:
+        loader.close()

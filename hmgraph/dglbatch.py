@@ -64,6 +64,8 @@ def graphs(item) -> list:
     (synth-igb, 1.2 GB of rows per batch: a loader-only pass peaked at
     15.1 GB instead of 7.6).
     """
+    # Lazy, as every DGL import here: DGL takes 4 s to import, and
+    # hmgraph.loader imports this module.
     from dgl import DGLGraph
 
     found, stack = [], [item]
@@ -87,7 +89,7 @@ def find_lazy(batch) -> list[Lazy]:
         If a lazy column has no ids and its graph no ``dgl.NID`` /
         ``dgl.EID`` column.
     """
-    from dgl import EID, NID
+    from dgl import EID, NID  # lazy: DGL
     from dgl.frame import LazyFeature
 
     found = []
@@ -128,7 +130,7 @@ def to_device(batch, device: torch.device):
     Graphs stay on the CPU where DGL was built without CUDA (its CPU
     wheel); their features are then read from the batch's attributes.
     """
-    from dgl import DGLGraph
+    from dgl import DGLGraph  # lazy: DGL
     from dgl.utils import recursive_apply
 
     if device.type == "cpu":
@@ -155,6 +157,7 @@ def seed_dataset(indices, batch_size: int, drop_last: bool, use_ddp: bool,
     RuntimeError
         ``use_ddp`` without an initialized ``torch.distributed``.
     """
+    # Lazy: DGL.
     from dgl.dataloading.dataloader import create_tensorized_dataset
 
     if use_ddp and not (torch.distributed.is_available()

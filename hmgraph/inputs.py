@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hmgraph.cache.feature import Feature, TensorFeature
+from hmgraph.cache.feature import Feature, TensorFeature, torch_dtype
+from hmgraph.cache.format import FeatureFileError, with_remedy
+from hmgraph.cache.storage import StorageFeature
 
 __all__ = ["ArrayFeature", "as_feature", "as_indices", "feature_sources",
            "loader_device"]
@@ -72,6 +74,7 @@ def _index_tensor(values, graph, graph_sampler, key):
 
 def _index_limit(graph, graph_sampler, key):
     """``(count, "node"|"edge")`` the sampler's indices index, if known."""
+    # Lazy: DGL takes 4 s to import; hmgraph.loader imports this module.
     from dgl.dataloading import BlockSampler, ShaDowKHopSampler
     from dgl.dataloading.base import EdgePredictionSampler
 
@@ -125,9 +128,6 @@ def as_feature(features) -> Feature:
     if isinstance(features, Feature):
         return features
     if isinstance(features, (str, os.PathLike)):
-        from hmgraph.cache.format import FeatureFileError, with_remedy
-        from hmgraph.cache.storage import StorageFeature
-
         try:
             feature = StorageFeature(Path(features))
         except FeatureFileError as err:
@@ -143,8 +143,6 @@ class ArrayFeature(Feature):
     """Rows of a NumPy array or memmap, gathered on read (CPU)."""
 
     def __init__(self, rows: np.ndarray):
-        from hmgraph.cache.feature import torch_dtype
-
         self.rows = rows
         self.num_rows = rows.shape[0]
         self.row_shape = tuple(rows.shape[1:])

@@ -4,9 +4,30 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
+
+from hmgraph.args import (
+    add_workload_arguments,
+    fraction,
+    non_negative_int,
+    parse_fanouts,
+    positive_int,
+)
+from hmgraph.cache.budget import parse_budget
+from hmgraph.cache.format import open_feature_file
+from hmgraph.cache.policies import POLICIES
+from hmgraph.datasets import load
+from hmgraph.distributed.launcher import LaunchError, launch
+from hmgraph.partition import (
+    METHODS,
+    assign_and_count,
+    read_partition_info,
+    write_partitions,
+)
 
 __all__ = ["add_parsers", "make_partitions", "partition_command",
            "train_dist_command"]
@@ -14,16 +35,9 @@ __all__ = ["add_parsers", "make_partitions", "partition_command",
 
 def add_parsers(commands) -> None:
     """Add ``partition`` and ``train-dist`` to an argparse subparsers."""
-    from hmgraph.args import (
-        add_workload_arguments,
-        fraction,
-        non_negative_int,
-        parse_fanouts,
-        positive_int,
-    )
-    from hmgraph.cache.policies import POLICIES
+    # Lazy, as the samplers below: the models and the samplers load DGL
+    # (4 s), and `hmgraph --help` imports this module.
     from hmgraph.models import MODELS
-    from hmgraph.partition import METHODS
 
     part = commands.add_parser(
         "partition", help="partition a dataset for DGL's distributed engine",
@@ -94,8 +108,6 @@ def add_parsers(commands) -> None:
 
 
 def _machine_budgets(args, num_parts: int, feature_bytes: int) -> list[int]:
-    from hmgraph.cache.budget import parse_budget
-
     if args.machine_budgets:
         budgets = [parse_budget(t.strip(), feature_bytes)
                    for t in args.machine_budgets.split(",")]
@@ -112,14 +124,7 @@ def _machine_budgets(args, num_parts: int, feature_bytes: int) -> list[int]:
 
 def make_partitions(args, progress=None) -> dict:
     """Assign, count and write partitions as ``args`` says; the info dict."""
-    from hmgraph.cache.format import open_feature_file
-    from hmgraph.datasets import load
-    from hmgraph.partition import (
-        assign_and_count,
-        read_partition_info,
-        write_partitions,
-    )
-    from hmgraph.samplers.cluster import metis_clusters
+    from hmgraph.samplers.cluster import metis_clusters  # lazy: loads DGL
 
     dataset = load(args.dataset, args.root, features_on="disk")
     graph = dataset.graph
@@ -204,8 +209,6 @@ def format_partition(info: dict) -> str:
 
 def partition_command(args) -> int:
     """Run ``hmgraph partition``."""
-    from tqdm import tqdm
-
     def progress(iterable, desc=None):
         return tqdm(iterable, desc=desc, leave=False,
                     disable=args.no_progress)
@@ -218,11 +221,6 @@ def partition_command(args) -> int:
 
 def train_dist_command(args) -> int:
     """Run ``hmgraph train-dist``; 1 when a process died or timed out."""
-    import sys
-
-    from hmgraph.distributed.launcher import LaunchError, launch
-    from hmgraph.partition import read_partition_info
-
     info = read_partition_info(args.parts_dir)
     trainers = args.trainers or info["num_parts"]
     if args.device.startswith("cuda") and not torch.cuda.is_available():

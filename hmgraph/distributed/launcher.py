@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -91,6 +93,8 @@ def _dump_stacks(processes, wait: float = 2.0) -> None:
     """Ask the processes still running to print their Python stacks
     (`worker.STACKS_SIGNAL`) to their stderr, and give them ``wait``
     seconds to do it."""
+    # Lazy: the worker runs as `python -m hmgraph.distributed.worker`, and
+    # runpy warns when the package has imported that module before.
     from hmgraph.distributed.worker import STACKS_SIGNAL
 
     alive = [p for p in processes if p.popen.poll() is None]
@@ -235,9 +239,6 @@ def remove_leftovers() -> list[str]:
     list of str
         The paths removed.
     """
-    import re
-    import shutil
-
     removed = []
     shm = Path("/dev/shm")
     for path in shm.glob("hmg*m*") if shm.is_dir() else []:

@@ -19,6 +19,11 @@ would on a real machine.
 
 from __future__ import annotations
 
+import importlib
+
+import dgl.distributed.rpc_client as rpc_client
+from dgl._ffi.ndarray import empty_shared_mem
+
 __all__ = ["emulate_machine"]
 
 _MODULES = (
@@ -40,11 +45,6 @@ def emulate_machine(machine_id: int, tag: str) -> None:
         Unique per job (e.g. the launcher's pid), prefixed to shared
         memory names with the machine id.
     """
-    import importlib
-
-    import dgl.distributed.rpc_client as rpc_client
-    from dgl._ffi.ndarray import empty_shared_mem
-
     prefix = f"hmg{tag}m{machine_id}-"
 
     def named_shared_mem(name, is_create, shape, dtype):

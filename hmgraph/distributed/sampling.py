@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import asdict, dataclass
 
+import dgl
 from dgl.dataloading import NeighborSampler
 
 __all__ = ["LockedNeighborSampler", "SamplingStats"]
@@ -53,8 +54,6 @@ class LockedNeighborSampler(NeighborSampler):
         self.stats = SamplingStats()
 
     def sample_blocks(self, g, seed_nodes, exclude_eids=None):
-        import dgl
-
         with self.lock:
             result = super().sample_blocks(g, seed_nodes, exclude_eids)
         if self.partition_book is not None:

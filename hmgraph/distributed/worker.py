@@ -37,6 +37,14 @@ import threading
 import time
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from hmgraph.cache.budget import parse_budget
+from hmgraph.distributed.feature import PartitionFeature, PartLabels
+
 __all__ = ["STACKS_SIGNAL", "main", "watch_parent"]
 
 #: The signal on which a worker prints its threads' Python stacks.
@@ -59,6 +67,8 @@ def watch_parent(parent: int) -> None:
 
 
 def run_server(job: dict, rank: int) -> None:
+    # Lazy, as in run_trainer: DGL takes 4 s to import, and the launcher
+    # imports this module for STACKS_SIGNAL.
     from dgl.distributed import DistGraphServer
 
     from hmgraph.distributed.loopback import emulate_machine
@@ -72,16 +82,11 @@ def run_server(job: dict, rank: int) -> None:
 
 
 def run_trainer(job: dict, rank: int) -> None:
+    # Lazy: DGL, the loader and the models (see run_server).
     import dgl
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
     from dgl.data.utils import load_tensors
     from dgl.distributed import DistGraph, load_partition_book
-    from torch.nn.parallel import DistributedDataParallel
 
-    from hmgraph.cache.budget import parse_budget
-    from hmgraph.distributed.feature import PartitionFeature, PartLabels
     from hmgraph.distributed.loopback import emulate_machine
     from hmgraph.distributed.sampling import LockedNeighborSampler
     from hmgraph.loader import DataLoader
@@ -215,9 +220,9 @@ def run_trainer(job: dict, rank: int) -> None:
 
 def _evaluate(model, graph, features, labels, ids, num_layers, lock, device):
     """Correct predictions and count over ``ids``, full neighbourhoods."""
-    import torch
-
-    from hmgraph.distributed.sampling import LockedNeighborSampler
+    from hmgraph.distributed.sampling import (  # lazy: loads DGL
+        LockedNeighborSampler,
+    )
 
     sampler = LockedNeighborSampler([-1] * num_layers, lock)
     model.eval()

@@ -100,7 +100,7 @@ def write_partitions(graph, assignment, out_dir: str | os.PathLike,
     pathlib.Path
         The config file, ``out_dir/graph_name.json``.
     """
-    # Lazy: DGL takes 4 s to import; `hmgraph --help` reads METHODS.
+    # Lazy: DGL takes 4 s to import; reading METHODS needs none.
     import dgl
     from dgl.data.utils import save_tensors
     from dgl.partition import partition_graph_with_halo

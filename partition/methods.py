@@ -233,7 +233,7 @@ def assign(graph, num_parts: int, method: str, *, train_ids: torch.Tensor,
     -------
     Assignment
     """
-    # Lazy: DGL takes 4 s to import; `hmgraph --help` reads METHODS.
+    # Lazy: DGL takes 4 s to import; reading METHODS needs none.
     import dgl
 
     _check_method(method)

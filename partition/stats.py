@@ -81,7 +81,7 @@ def partition_stats(graph, assignment, graph_sampler, train_ids: torch.Tensor,
         ``edge_cut``, ``replication_factor`` and totals, plus ``parts``: a
         list of per-part dicts.
     """
-    # Lazy: DGL takes 4 s to import; `hmgraph --help` reads METHODS.
+    # Lazy: DGL takes 4 s to import; reading METHODS needs none.
     import dgl
 
     parts = assignment.parts
@@ -197,8 +197,8 @@ def assign_and_count(graph, num_parts: int, method: str, *,
         `partition_stats`'s dict and a dict of ``assign_seconds`` and
         ``stats_seconds``, the time each step took.
     """
-    # Lazy: DGL (with the samplers) takes 4 s to import; `hmgraph --help`
-    # reads METHODS.
+    # Lazy: DGL (with the samplers) takes 4 s to import; reading METHODS
+    # needs none.
     import dgl
 
     from hmgraph.samplers.presample import epoch_counts, expected_reads

@@ -168,7 +168,7 @@ def _load_streamed(name: str, root: Path, features_on: str, verify: bool,
     the feature file and the built graph are cached like other datasets'.
     """
     # Lazy, as ogb and DGL below: 3 s and 4 s to import, and
-    # `hmgraph --help` reads `known_datasets`.
+    # `known_datasets` (the command line's choices) needs neither.
     from ogb.nodeproppred import Evaluator
 
     folder = root / name.replace("-", "_")

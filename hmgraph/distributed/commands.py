@@ -36,7 +36,7 @@ __all__ = ["add_parsers", "make_partitions", "partition_command",
 def add_parsers(commands) -> None:
     """Add ``partition`` and ``train-dist`` to an argparse subparsers."""
     # Lazy, as the samplers below: the models and the samplers load DGL
-    # (4 s), and `hmgraph --help` imports this module.
+    # (4 s), which the rest of the parser needs none of.
     from hmgraph.models import MODELS
 
     part = commands.add_parser(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-# As hmgraph/__init__ does, before anything imports torch or dgl.
+# As hmgraph.openmp does, before anything imports torch or dgl.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("OUTDATED_IGNORE", "1")
 

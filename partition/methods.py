@@ -45,9 +45,6 @@ __all__ = ["METHODS", "Assignment", "assign", "ldg_assign", "replicas_from"]
 
 log = logging.getLogger(__name__)
 
-METHODS = ("random", "metis", "self-dependence", "hierarchy")
-
-
 @dataclass
 class Assignment:
     """Owner part of every vertex, and per-part replicated vertices.
@@ -233,9 +230,6 @@ def assign(graph, num_parts: int, method: str, *, train_ids: torch.Tensor,
     -------
     Assignment
     """
-    # Lazy: DGL takes 4 s to import; reading METHODS needs none.
-    import dgl
-
     _check_method(method)
     num_nodes = graph.num_nodes()
     if not isinstance(num_parts, int) or num_parts < 1:
@@ -250,89 +244,202 @@ def assign(graph, num_parts: int, method: str, *, train_ids: torch.Tensor,
         raise ValueError(f"replication must be >= 0, got {replication}")
     is_train = torch.zeros(num_nodes, dtype=torch.bool)
     is_train[train_ids] = True
-    empty = [torch.empty(0, dtype=torch.int64) for _ in range(num_parts)]
     if num_parts == 1:
         return Assignment(method, torch.zeros(num_nodes, dtype=torch.int64),
-                          empty, {"num_parts": 1})
-    if method == "random":
-        dgl.seed(seed)
-        parts = dgl.random.choice(num_parts, num_nodes).long()
-        return Assignment(method, parts, empty, {"seed": seed})
-    simple = dgl.to_simple(dgl.remove_self_loop(
-        dgl.graph(graph.edges(), num_nodes=num_nodes)))
-    if method == "metis":
-        parts = dgl.metis_partition_assignment(
-            simple, num_parts, balance_ntypes=is_train.long(),
-            balance_edges=True,
-        ).long()
-        return Assignment(method, parts, empty,
-                          {"balance": "train vertices, edges"})
-    # The project's methods: clusters -> parts by LDG, then replicas.
-    if clusters is None or profile is None:
-        raise ValueError(f"method {method!r} needs clusters and a profile")
-    clusters = clusters.long()
-    num_clusters = int(clusters.max()) + 1
-    if num_clusters < num_parts:
+                          _no_replicas(1), {"num_parts": 1})
+    request = _Request(graph, num_parts, method, train_ids, is_train,
+                       profile, clusters, replication, budgets, row_bytes,
+                       seed)
+    return _ASSIGNERS[method](request)
+
+
+@dataclass
+class _Request:
+    """What `assign` was asked, checked, for the method's function."""
+
+    graph: object
+    num_parts: int
+    method: str
+    train_ids: torch.Tensor
+    is_train: torch.Tensor  # bool per vertex
+    profile: object
+    clusters: torch.Tensor | None
+    replication: float
+    budgets: object
+    row_bytes: int
+    seed: int
+
+    @property
+    def num_nodes(self) -> int:
+        return self.graph.num_nodes()
+
+    def simple_graph(self):
+        """The graph without self loops or parallel edges (DGL's)."""
+        # Lazy, as every DGL import here: DGL takes 4 s to import, and
+        # reading METHODS needs none.
+        import dgl
+
+        return dgl.to_simple(dgl.remove_self_loop(
+            dgl.graph(self.graph.edges(), num_nodes=self.num_nodes)))
+
+
+def _no_replicas(num_parts: int) -> list[torch.Tensor]:
+    """An empty replica list per part (DGL's methods replicate none)."""
+    return [torch.empty(0, dtype=torch.int64) for _ in range(num_parts)]
+
+
+def _assign_random(request: _Request) -> Assignment:
+    """DGL's random baseline: every vertex to a uniform part, seeded."""
+    import dgl  # lazy: see _Request.simple_graph
+
+    dgl.seed(request.seed)
+    parts = dgl.random.choice(request.num_parts, request.num_nodes).long()
+    return Assignment(request.method, parts,
+                      _no_replicas(request.num_parts),
+                      {"seed": request.seed})
+
+
+def _assign_metis(request: _Request) -> Assignment:
+    """DGL's METIS baseline: training vertices and edges balanced."""
+    import dgl  # lazy: see _Request.simple_graph
+
+    parts = dgl.metis_partition_assignment(
+        request.simple_graph(), request.num_parts,
+        balance_ntypes=request.is_train.long(), balance_edges=True,
+    ).long()
+    return Assignment(request.method, parts,
+                      _no_replicas(request.num_parts),
+                      {"balance": "train vertices, edges"})
+
+
+#: How far a part may run over its share of what LDG balances.
+SLACK = 1.05
+
+
+@dataclass
+class _Clusters:
+    """What LDG weighs per METIS cluster, common to the project's methods.
+
+    ``train`` and ``nodes`` are float64 per cluster; ``affinity`` is the
+    edges between clusters (`_cluster_affinity`).
+    """
+
+    ids: torch.Tensor  # int64 cluster per vertex
+    count: int
+    train: np.ndarray
+    nodes: np.ndarray
+    affinity: object
+
+
+def _clusters_of(request: _Request) -> _Clusters:
+    """The request's clusters, checked, with what LDG weighs of them."""
+    if request.clusters is None or request.profile is None:
         raise ValueError(
-            f"{num_clusters} clusters cannot make {num_parts} parts; "
+            f"method {request.method!r} needs clusters and a profile")
+    clusters = request.clusters.long()
+    count = int(clusters.max()) + 1
+    if count < request.num_parts:
+        raise ValueError(
+            f"{count} clusters cannot make {request.num_parts} parts; "
             "use more clusters than parts"
         )
-    train_per_cluster = torch.bincount(
-        clusters[is_train], minlength=num_clusters).double().numpy()
-    nodes_per_cluster = torch.bincount(
-        clusters, minlength=num_clusters).double().numpy()
-    affinity = _cluster_affinity(simple, clusters, num_clusters)
-    info = {"clusters": num_clusters, "replication": replication,
-            "assignment": "LDG over METIS clusters"}
-    slack = 1.05
-    if method == "self-dependence":
-        weights = np.stack([train_per_cluster, nodes_per_cluster], 1)
-        caps = np.tile(weights.sum(0) / num_parts * slack, (num_parts, 1))
-        counts = None
-    else:  # hierarchy
-        counts = profile(train_ids)
-        feature_bytes = row_bytes * num_nodes
-        if budgets is None:
-            budgets = [feature_bytes // num_parts] * num_parts
-        budgets = [int(b) for b in budgets]
-        if len(budgets) != num_parts:
-            raise ValueError(
-                f"{len(budgets)} machine budgets for {num_parts} parts; "
-                "give one per part"
-            )
-        if min(budgets) < 0 or row_bytes <= 0:
-            raise ValueError(
-                f"budgets must be >= 0 and row_bytes > 0, got {budgets} "
-                f"and {row_bytes}"
-            )
-        hot_rows = min(num_nodes, sum(budgets) // row_bytes)
-        hot = torch.zeros(num_nodes, dtype=torch.bool)
-        if hot_rows:
-            hot[torch.topk(counts, hot_rows, sorted=False).indices] = True
-        hot_per_cluster = torch.bincount(
-            clusters[hot], minlength=num_clusters).double().numpy()
-        weights = np.stack(
-            [train_per_cluster, hot_per_cluster * row_bytes], 1)
-        share = np.asarray(budgets, dtype=np.float64) / max(1, sum(budgets))
-        # Hot rows follow training vertices, so the two balances pull
-        # against each other on machines of unequal budgets: training
-        # vertices may run 20 % over an even share, hot bytes 5 %.
-        caps = np.stack([
-            np.full(num_parts, train_per_cluster.sum() / num_parts * 1.2),
-            share * weights[:, 1].sum() * slack,
-        ], 1)
-        info.update(budgets=budgets, hot_rows=hot_rows)
-    cluster_part = ldg_assign(weights, affinity, caps)
-    parts = torch.from_numpy(cluster_part)[clusters]
+    train = torch.bincount(
+        clusters[request.is_train], minlength=count).double().numpy()
+    nodes = torch.bincount(clusters, minlength=count).double().numpy()
+    affinity = _cluster_affinity(request.simple_graph(), clusters, count)
+    return _Clusters(clusters, count, train, nodes, affinity)
+
+
+def _assign_self_dependence(request: _Request) -> Assignment:
+    """2PGraph: LDG over clusters balancing training vertices and
+    vertices, then replicas of each part's dependencies."""
+    clusters = _clusters_of(request)
+    weights = np.stack([clusters.train, clusters.nodes], 1)
+    caps = np.tile(weights.sum(0) / request.num_parts * SLACK,
+                   (request.num_parts, 1))
+    return _place_clusters(request, clusters, weights, caps, {})
+
+
+def _machine_budgets(request: _Request) -> list[int]:
+    """Fast-tier bytes per part's machine, checked; equal shares of the
+    feature bytes when none were given."""
+    num_parts, row_bytes = request.num_parts, request.row_bytes
+    budgets = request.budgets
+    if budgets is None:
+        budgets = [row_bytes * request.num_nodes // num_parts] * num_parts
+    budgets = [int(b) for b in budgets]
+    if len(budgets) != num_parts:
+        raise ValueError(
+            f"{len(budgets)} machine budgets for {num_parts} parts; "
+            "give one per part"
+        )
+    if min(budgets) < 0 or row_bytes <= 0:
+        raise ValueError(
+            f"budgets must be >= 0 and row_bytes > 0, got {budgets} "
+            f"and {row_bytes}"
+        )
+    return budgets
+
+
+def _assign_hierarchy(request: _Request) -> Assignment:
+    """HMGraph: LDG over clusters balancing training vertices and hot
+    feature bytes against each machine's fast tiers, then replicas."""
+    clusters = _clusters_of(request)
+    num_nodes, row_bytes = request.num_nodes, request.row_bytes
+    counts = request.profile(request.train_ids)
+    budgets = _machine_budgets(request)
+    hot_rows = min(num_nodes, sum(budgets) // row_bytes)
+    hot = torch.zeros(num_nodes, dtype=torch.bool)
+    if hot_rows:
+        hot[torch.topk(counts, hot_rows, sorted=False).indices] = True
+    hot_per_cluster = torch.bincount(
+        clusters.ids[hot], minlength=clusters.count).double().numpy()
+    weights = np.stack([clusters.train, hot_per_cluster * row_bytes], 1)
+    share = np.asarray(budgets, dtype=np.float64) / max(1, sum(budgets))
+    # Hot rows follow training vertices, so the two balances pull
+    # against each other on machines of unequal budgets: training
+    # vertices may run 20 % over an even share, hot bytes 5 %.
+    caps = np.stack([
+        np.full(request.num_parts,
+                clusters.train.sum() / request.num_parts * 1.2),
+        share * weights[:, 1].sum() * SLACK,
+    ], 1)
+    return _place_clusters(request, clusters, weights, caps,
+                           {"budgets": budgets, "hot_rows": hot_rows})
+
+
+def _place_clusters(request: _Request, clusters: _Clusters,
+                    weights: np.ndarray, caps: np.ndarray,
+                    info: dict) -> Assignment:
+    """Clusters to parts by `ldg_assign`, then each part's replicas: the
+    most-read vertices its training vertices reach, up to
+    ``replication`` times the vertices it owns."""
+    method, num_parts = request.method, request.num_parts
+    info = {"clusters": clusters.count, "replication": request.replication,
+            "assignment": "LDG over METIS clusters", **info}
+    cluster_part = ldg_assign(weights, clusters.affinity, caps)
+    parts = torch.from_numpy(cluster_part)[clusters.ids]
     replicas = []
     for part in range(num_parts):
         owned = parts == part
-        seeds = train_ids[owned[train_ids]]
-        budget = math.floor(replication * int(owned.sum()))
+        seeds = request.train_ids[owned[request.train_ids]]
+        budget = math.floor(request.replication * int(owned.sum()))
         if seeds.numel() == 0 or budget == 0:
             replicas.append(torch.empty(0, dtype=torch.int64))
             continue
-        replicas.append(replicas_from(profile(seeds), owned, budget))
+        replicas.append(replicas_from(request.profile(seeds), owned, budget))
     log.info("%s: %d parts, replication factor %.3f", method, num_parts,
              Assignment(method, parts, replicas).replication_factor())
     return Assignment(method, parts, replicas, info)
+
+
+#: Each method's function, by name: a new method is one function here.
+_ASSIGNERS = {
+    "random": _assign_random,
+    "metis": _assign_metis,
+    "self-dependence": _assign_self_dependence,
+    "hierarchy": _assign_hierarchy,
+}
+
+#: The methods' names, for `assign` and the command line's choices.
+METHODS = tuple(_ASSIGNERS)

@@ -67,7 +67,11 @@ def check_ids(ids, num_rows: int) -> torch.Tensor:
         raise ValueError(f"ids must be 1-D, got shape {tuple(ids.shape)}")
     ids = ids.to("cpu", torch.int64)
     if ids.numel():
-        low, high = int(ids.min()), int(ids.max())
+        # NumPy's reductions: torch's min and max of a batch's 200,000
+        # ids took 12-13 ms each on 2 busy cores (its thread pool wakes),
+        # NumPy's 0.04 ms.
+        values = ids.numpy()
+        low, high = int(values.min()), int(values.max())
         if low < 0 or high >= num_rows:
             bad = ids[(ids < 0) | (ids >= num_rows)]
             worst = int(bad.max()) if int(bad.max()) >= num_rows else int(

@@ -101,7 +101,8 @@ class StorageStats:
     io_requests : int
         ``pread`` calls: the requests the disk served.
     seconds : float
-        Wall time spent in ``read``.
+        Seconds the reads took: planning, then from the first task's
+        start to the last one's end (not the caller's work beside them).
     model_seconds : float
         What the disk model prices the same requests and bytes at
         (``io_requests / iops + bytes_read / bandwidth``).
@@ -504,6 +505,7 @@ class StorageFeature(Feature):
         futures = []
         if len(unique) and self._row_numel:
             tasks = self._plan(unique.numpy())
+            began -= time.perf_counter()  # minus the planning's seconds
             try:
                 futures = [self._pool.submit(self._run_task, task, into)
                            for task in tasks]
@@ -512,19 +514,25 @@ class StorageFeature(Feature):
                     f"StorageFeature of {self.path} is closed"
                 ) from None
         return functools.partial(self._finish, futures, unique, requested,
-                                 began)
+                                 -began if futures else 0.0)
 
-    def _finish(self, futures, unique, requested, began) -> None:
+    def _finish(self, futures, unique, requested, planning) -> None:
         """Wait for every task of a read, then count it (or raise the
         first task's error): no task may still write into rows its
-        caller has given up on and handed out again."""
+        caller has given up on and handed out again. Its seconds are the
+        planning's and the tasks' span, from the first start to the last
+        end: not the caller's work beside them, nor a wait for threads
+        still busy with another read."""
         concurrent.futures.wait(futures)
         blocks = nbytes = reads = 0
+        first, last = float("inf"), float("-inf")
         for future in futures:
-            task_blocks, task_bytes, task_reads = future.result()
+            task_blocks, task_bytes, task_reads, start, stop = \
+                future.result()
             blocks += task_blocks
             nbytes += task_bytes
             reads += task_reads
+            first, last = min(first, start), max(last, stop)
         with self._lock:
             stats = self.stats
             stats.calls += 1
@@ -535,7 +543,7 @@ class StorageFeature(Feature):
             stats.bytes_read += nbytes
             stats.useful_bytes += len(unique) * self._row_nbytes
             stats.io_requests += reads
-            stats.seconds += time.perf_counter() - began
+            stats.seconds += planning + max(0.0, last - first)
             stats.model_seconds += self.disk.seconds(reads, nbytes)
 
     def _plan(self, unique: np.ndarray) -> list[_Task]:
@@ -616,9 +624,11 @@ class StorageFeature(Feature):
 
         Returns
         -------
-        (int, int, int)
-            Blocks read, bytes transferred and ``pread`` calls.
+        (int, int, int, float, float)
+            Blocks read, bytes transferred, ``pread`` calls, and when the
+            task started and ended (`time.perf_counter`).
         """
+        began = time.perf_counter()
         block = self.block_bytes
         view, base = self._buffer(task.buffer_blocks * block)
         runs = (task.run_file_blocks * block, task.run_blocks * block,
@@ -644,7 +654,8 @@ class StorageFeature(Feature):
         targets, which, where = into
         scatter_rows(view, task.row_elements * self._np_dtype.itemsize,
                      self._row_nbytes, targets, which, where, task.row_start)
-        return int(task.run_blocks.sum()), int(counts[0]), int(counts[1])
+        return (int(task.run_blocks.sum()), int(counts[0]), int(counts[1]),
+                began, time.perf_counter())
 
     def _buffer(self, nbytes: int) -> tuple[np.ndarray, int]:
         """This thread's page-aligned buffer of at least ``nbytes``, and

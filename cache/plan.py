@@ -33,6 +33,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -360,13 +361,27 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
     layout (host memory), then for staging (its share of what is left,
     its tables included), then for host rows, each costing its row bytes
     and its slot's bookkeeping. A host budget of 0 holds no rows and
-    charges nothing: the device tier's bookkeeping is then reported as
-    unbudgeted (`CachePlan.host_metadata_charged` is False). A positive
-    budget below the bookkeeping plus one host row is refused, unless the
-    bookkeeping is at most `METADATA_SLACK_BYTES` (a small graph): then
-    the host tier holds no rows, and what the budget cannot pay is
-    reported as unbudgeted.
+    charges nothing; a positive one below the bookkeeping plus one host
+    row is refused unless the bookkeeping is at most
+    `METADATA_SLACK_BYTES` (a small graph), and then holds no rows.
+    Bookkeeping left unpaid is reported as unbudgeted
+    (`CachePlan.host_metadata_charged` is False).
     """
+    _check_request(policy, row_bytes, staging, counts)
+    layout = partial(_layout, policy, num_rows, row_bytes,
+                     host_budget=host_budget_bytes, staging=staging,
+                     counts=counts, trace=trace, window=window)
+    if reuse_levels:
+        plan = _with_reuse(layout, num_rows, row_bytes, device_budget_bytes,
+                           reuse_levels, counts, trace, trace_covers_epoch)
+    else:
+        plan = layout(device_budget_bytes // row_bytes)
+    log.info("%s", plan.describe())
+    return plan
+
+
+def _check_request(policy, row_bytes, staging, counts) -> None:
+    """`make_plan`'s checks of its arguments, each a one-line error."""
     if policy not in POLICIES or POLICIES[policy].offline:
         names = ", ".join(n for n, c in POLICIES.items() if not c.offline)
         raise ValueError(f"unknown cache policy {policy!r}; available: "
@@ -378,12 +393,13 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
                          f"[0, 1), got {staging}")
     if POLICIES[policy].splits_static and counts is None:
         raise ValueError(f"the {policy} plan needs profiled counts")
-    device_rows = device_budget_bytes // row_bytes
-    if not reuse_levels:
-        plan = _layout(policy, num_rows, row_bytes, device_rows,
-                       host_budget_bytes, staging, counts, trace, window)
-        log.info("%s", plan.describe())
-        return plan
+
+
+def _with_reuse(layout, num_rows, row_bytes, device_budget_bytes,
+                reuse_levels, counts, trace, trace_covers_epoch) -> CachePlan:
+    """`make_plan` with batch reuse: its id table and ring come out of the
+    device budget first; ``layout(device_rows, first=None)`` plans the
+    cache on what is left."""
     if not trace:
         raise ValueError("batch reuse needs a profiled trace to size its "
                          "buffers")
@@ -401,9 +417,7 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
         profiled = max(profile["rows_per_level"])
         rows = min(-(-profiled * REUSE_HEADROOM_PERCENT // 100),
                    device_rows // reuse_levels)
-        plan = _layout(policy, num_rows, row_bytes,
-                       device_rows - reuse_levels * rows, host_budget_bytes,
-                       staging, counts, trace, window, first)
+        plan = layout(device_rows - reuse_levels * rows, first=first)
         plan.reuse_levels, plan.reuse_rows = reuse_levels, rows
         plan.reuse_rate = profile["reuse_rate"]
         plan.reuse_resident_rows = 0 if resident is None else int(
@@ -426,7 +440,6 @@ def make_plan(policy: str, num_rows: int, row_bytes: int,
         second = with_ring(sizing, resident, plan)
         if second.reuse_rows < plan.reuse_rows:
             plan = second
-    log.info("%s", plan.describe())
     return plan
 
 

@@ -24,7 +24,8 @@ the device and host stores as one layer (``spans_stores``), is offline
 chosen by replay (``splits_static``), the capacity of its layers
 (`Policy.layer_capacities`), their bookkeeping (`Policy.layout_metadata`)
 and how many of the hottest rows it holds for good on the device
-(`Policy.pinned_hot_rows`). A new policy is one class here.
+(`Policy.pinned_hot_rows`); what it must be built with is ``needs``.
+A new policy is one class here.
 
 Policies, by registry name:
 
@@ -124,6 +125,10 @@ class Policy(ABC):
     #: Whether the plan chooses its static share by replaying the profile
     #: (it is then built with ``static_rows`` and ``window``).
     splits_static = False
+    #: What `make_policy` must be given for it (``degrees``, ``hotness``,
+    #: ``hop_counts``): a loader profiles before building a policy that
+    #: needs ``hotness`` or ``hop_counts``.
+    needs: frozenset[str] = frozenset()
 
     def __init__(self, num_rows: int, capacity: int):
         if not 0 <= capacity <= num_rows:
@@ -301,6 +306,7 @@ class DegreePolicy(StaticPolicy):
     """Static: the rows of highest in-degree (PaGraph)."""
 
     name = "degree"
+    needs = frozenset({"degrees"})
 
     def __init__(self, num_rows, capacity, *, degrees=None, **_):
         if degrees is None:
@@ -312,6 +318,7 @@ class PresamplePolicy(StaticPolicy):
     """Static: the rows most accessed in the profiling pass (GNNLab)."""
 
     name = "presample"
+    needs = frozenset({"hotness"})
 
     def __init__(self, num_rows, capacity, *, hotness=None, **_):
         if hotness is None:
@@ -336,6 +343,7 @@ class LayerAwarePolicy(StaticPolicy):
     """
 
     name = "layer-aware"
+    needs = frozenset({"hop_counts"})
 
     def __init__(self, num_rows, capacity, *, hop_counts=None, **_):
         if hop_counts is None:
@@ -515,6 +523,7 @@ class HMGraphPolicy(Policy):
     slot_bytes = 8  # the dynamic region's ids, the static ids
     spans_stores = True
     splits_static = True
+    needs = frozenset({"hotness"})
 
     def __init__(self, num_rows, capacity, *, hotness=None, static_rows=0,
                  window=4, **_):
@@ -615,6 +624,7 @@ class BeladyPolicy(HMGraphPolicy):
     name = "belady"
     offline = True
     splits_static = False
+    needs = frozenset()  # the whole trace instead (`set_trace`)
 
     def __init__(self, num_rows, capacity, **_):
         super().__init__(num_rows, capacity,

@@ -147,3 +147,27 @@ def test_layer_capacities_follow_the_class(name):
         assert layers == [10, 20]
     assert cls.layout_metadata((10, 20)) == (
         cls.node_bytes * len(layers), cls.slot_bytes * sum(layers))
+
+
+NEEDED = {"degrees": torch.arange(100).flip(0), "hotness": torch.rand(100),
+          "hop_counts": torch.randint(0, 5, (3, 100))}
+
+
+@pytest.mark.parametrize("name", [n for n in POLICIES if n != "belady"])
+def test_a_policy_needs_what_it_says(name):
+    """Built with what ``needs`` names it works; without any one of them
+    it refuses in one line."""
+    cls = POLICIES[name]
+    make_policy(name, 100, 10, **{k: NEEDED[k] for k in cls.needs})
+    for missing in cls.needs:
+        given = {k: NEEDED[k] for k in cls.needs if k != missing}
+        with pytest.raises(ValueError, match=f"policy '{name}' needs"):
+            make_policy(name, 100, 10, **given)
+
+
+def test_the_loader_profiles_for_the_policies_that_need_a_profile():
+    from hmgraph.loader import PROFILED_POLICIES
+
+    assert set(PROFILED_POLICIES) == {
+        n for n, c in POLICIES.items()
+        if c.needs & {"hotness", "hop_counts"}}

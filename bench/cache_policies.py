@@ -1,8 +1,10 @@
 """Cache policies with features on disk, judged in the disk's units.
 
-One epoch per layout, host budget and cache policy, Belady's policy on its
-trace, and the DGL baselines once; targets T1-T5 at the 20 % host budget
-(bench/README.md). ``python bench/cache_policies.py --quick``.
+One epoch per layout, host budget, cache policy and lookahead window,
+Belady's policy on its trace, and the DGL baselines once; targets T1-T5
+at the 20 % host budget, and on synth-papers issue 34's storage seconds
+and amplification (bench/README.md).
+``python bench/cache_policies.py --quick``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 
 import common
 
-from hmgraph.args import budget_text, fraction, name_list
+from hmgraph.args import budget_text, fraction, name_list, positive_int
 from hmgraph.cache.budget import parse_budget
 from hmgraph.cache.plan import belady_policy, replay
 from hmgraph.loader import STAGING_SHARE
@@ -33,6 +35,9 @@ QUICK = {"dataset": "synth-tiny", "batch_size": 128, "max_batches": 5,
 TARGET_HOST_BUDGET = "20%"
 BYTES_VS_NONE_MAX, AMPLIFICATION_MAX, SECONDS_VS_MODEL_MAX = 0.70, 1.5, 1.25
 VS_IN_MEMORY_MAX, VS_FLOOR_MIN = 1.5, 3.0
+#: Issue 34 on synth-papers: hmgraph's storage seconds / no cache's, and
+#: its read amplification.
+PAPERS_SECONDS_VS_NONE_MAX, PAPERS_AMPLIFICATION_MAX = 0.3, 2.0
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -50,11 +55,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--baselines", default=",".join(BASELINES),
         type=name_list((*BASELINES, "none")),
         help="in-memory, memmap-floor, or none")
+    add("--windows", default=str(WINDOW),
+        type=name_list(check=positive_int),
+        help=f"lookahead windows of the cache policies, batches "
+        f"(default {WINDOW}; the targets read window {WINDOW})")
     add("--staging", type=fraction, default=None,
         help="share of the host budget staged for window read planning "
         f"(default: the loader's, {STAGING_SHARE:g})")
     args = common.finish_args(parser, parser.parse_args(argv), FULL, QUICK)
     args.baselines = [b for b in args.baselines if b != "none"]
+    args.windows = [int(w) for w in args.windows]
     return args
 
 
@@ -99,15 +109,16 @@ def run_dgl(dataset, seeds, args, memmap: bool) -> dict:
 
 def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
                 budget: str | None, host_budget: int, memo: dict,
-                layout: dict, profile=None) -> dict:
+                layout: dict, profile=None, window: int = WINDOW) -> dict:
     """One epoch of `hmgraph.DataLoader` over the O_DIRECT storage tier;
     Belady on its trace (memoised by trace and capacity in ``memo``)."""
-    config = f"{policy} / {layout['name']}"
+    config = f"{policy} / {layout['name']}" + (
+        f" / window {window}" if window != WINDOW else "")
     run = common.loader_epoch(
         dataset, seeds, args, config + (f" host {budget}" if budget else ""),
         trace=True, shuffle=True, cache=policy,
         device_budget_bytes=device_budget, host_budget_bytes=host_budget,
-        prefetch=PREFETCH, window=WINDOW, profile_batches=PROFILE_BATCHES,
+        prefetch=PREFETCH, window=window, profile_batches=PROFILE_BATCHES,
         staging=args.staging, loader_only=True, profile=profile)
     plan, trace = run["loader"].plan, run["loader"].trace
     belady = belady_hit_rate(trace, plan.num_rows,
@@ -116,7 +127,7 @@ def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
     cache, disk = stats["cache"], getattr(source, "disk", None)
     return {
         "config": config, "kind": "hmgraph", "policy": policy,
-        "layout": layout["name"], "host_budget": budget,
+        "layout": layout["name"], "host_budget": budget, "window": window,
         "batches": run["batches"], "rows_requested": cache["rows_requested"],
         "hit_rate": cache["hit_rate"], "belady": belady,
         "storage_rows_vs_belady": rows_vs_belady(
@@ -188,7 +199,8 @@ def targets(records: list[dict], layouts: list[str], epochs: int) -> list:
     """T1-T3 and the epoch against both baselines, at the target budget;
     each note names the construction seconds (and amortized ratio)."""
     ours = {r["layout"]: r for r in records if r.get("policy") == "hmgraph"
-            and r["host_budget"] == TARGET_HOST_BUDGET}
+            and r["host_budget"] == TARGET_HOST_BUDGET
+            and r.get("window", WINDOW) == WINDOW}
 
     def built(r, key=None):
         return common.built_note(
@@ -229,6 +241,27 @@ def targets(records: list[dict], layouts: list[str], epochs: int) -> list:
             "T5", f"{at} {n}: memmap floor epoch / hmgraph epoch",
             r and r["vs_memmap_floor"], ">=", VS_FLOOR_MIN,
             r and built(r, "vs_memmap_floor"))]
+    return rows
+
+
+def papers_targets(records: list[dict], layouts: list[str]) -> list:
+    """Issue 34's target 4 (synth-papers, host 20 %): hmgraph's storage
+    seconds against no cache's, and its read amplification."""
+    none = {r["layout"]: r for r in records if r.get("policy") == "none"}
+    rows = []
+    for r in records:
+        if r.get("policy") != "hmgraph" \
+                or r["host_budget"] != TARGET_HOST_BUDGET:
+            continue
+        base = none.get(r["layout"])
+        storage = r["storage"] or {}
+        ratio = storage.get("seconds", 0.0) / base["storage"]["seconds"] \
+            if base and (base["storage"] or {}).get("seconds") else None
+        rows += [common.target(
+            "I34-4", f"{r['config']}: storage seconds / no cache's",
+            ratio, "<=", PAPERS_SECONDS_VS_NONE_MAX), common.target(
+            "I34-4", f"{r['config']}: read amplification",
+            storage.get("amplification"), "<=", PAPERS_AMPLIFICATION_MAX)]
     return rows
 
 
@@ -327,13 +360,15 @@ def main(argv=None) -> int:
     layouts = {name: prepare_layout(name, dataset, seeds, args)
                for name in args.layouts}
     result["layouts"] = {n: built for n, (*_, built) in layouts.items()}
-    runs = [(BASELINES[name], None, "file") for name in args.baselines]
+    runs = [(BASELINES[name], None, "file", WINDOW)
+            for name in args.baselines]
     for layout in args.layouts:
-        runs += [("none", None, layout)] if "none" in args.policies else []
-        runs += [(p, b, layout) for b in args.host_budgets
-                 for p in args.policies if p != "none"]
+        runs += [("none", None, layout, WINDOW)] \
+            if "none" in args.policies else []
+        runs += [(p, b, layout, w) for b in args.host_budgets
+                 for p in args.policies if p != "none" for w in args.windows]
     memo = {}
-    for name, budget, layout in runs:
+    for name, budget, layout, window in runs:
         before = os.getloadavg()
         if name in (IN_MEMORY, FLOOR):
             record = run_dgl(dataset, seeds, args, memmap=name == FLOOR)
@@ -342,7 +377,7 @@ def main(argv=None) -> int:
             record = run_hmgraph(data, layout_seeds, args, name,
                                  device_budget, budget,
                                  host_budgets.get(budget, 0), memo, built,
-                                 profile)
+                                 profile, window)
             result["environment"]["o_direct"] = record["direct"]
             result["config"]["disk_model"] = record["disk"]
         record["loadavg"] = {"before": before, "after": os.getloadavg()}
@@ -351,6 +386,9 @@ def main(argv=None) -> int:
         add_ratios(result["records"], args.amortize_epochs)
         result["targets"] = targets(result["records"], args.layouts,
                                     args.amortize_epochs)
+        if args.dataset == "synth-papers":
+            result["targets"] += papers_targets(result["records"],
+                                                args.layouts)
         common.write_results(result, report(result), args.out)
         print(f"{record['config']} host {budget or '-'}: epoch "
               f"{record['seconds']['epoch']:.2f} s", file=sys.stderr)

@@ -31,6 +31,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
+# Sets OMP_WAIT_POLICY, which the spawned workers inherit.
+import hmgraph.openmp  # noqa: F401
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = REPO.parent / "shared" / "data"
 RESULTS = REPO / "bench" / "results"

@@ -51,7 +51,11 @@ TIMED_EPOCHS, TIMED_REPEATS = 6, 3
 # {source: [protocol, {model: {dataset: "mean ± std"}}]}, 10-fold, in %.
 PUBLISHED = json.loads(Path(__file__).with_name("pooling_published.json")
                        .read_text(encoding="utf-8"))
-SETTINGS = ("folds", "epochs", "patience", "hidden", "lr", "seed", "grid")
+SETTINGS = ("folds", "epochs", "patience", "hidden", "lr", "seed", "grid",
+            "selection", "smooth")
+#: What runs made before a setting existed used (hmgraph classify's
+#: carved hold-out and its raw validation curve).
+LEGACY = {"selection": "holdout", "smooth": 1}
 
 
 def _job(dataset, model, settings, root, threads):
@@ -231,11 +235,24 @@ def markdown(report) -> str:
     datasets, models = config["datasets"], config["models"]
     selected = {(s["dataset"], s["model"]): s for s in report["selected"]}
     t = report["targets"]
+    selection = config.get("selection", LEGACY["selection"])
+    smooth = config.get("smooth", LEGACY["smooth"])
+    validation = (
+        "validation carved from each training fold (8:1:1)"
+        if selection == "holdout" else
+        "an inner stratified 3-fold CV of each training fold, the inner "
+        "models' mean validation curve picking the epoch"
+        + (" and the inner models predicting together"
+           if selection == "inner" else
+           ", then one model retrained on the whole training fold"))
+    if smooth > 1:
+        validation += (f" (curve smoothed: trailing mean of {smooth} "
+                       f"epochs)")
     lines = [
         "# Graph classification: HAP vs pooling baselines",
         "",
         f"Protocol (every cell): stratified {config['folds']}-fold CV, "
-        "validation carved from each training fold (8:1:1); per fold, "
+        f"{validation}; per fold, "
         "each model's configuration with the best validation accuracy "
         f"(search `{config['grid']}`, the same for every model) is scored "
         "once on the test fold at its best validation epoch (early stopping, "
@@ -362,8 +379,9 @@ def earlier(out: Path, config: dict) -> list[dict]:
     report = json.loads(out.read_text())
     old = report["config"]
     folds = config["folds_run"]
-    problems = [f"{k}={old.get(k)!r} where this run has {config[k]!r}"
-                for k in SETTINGS if old.get(k) != config[k]]
+    problems = [f"{k}={old.get(k, LEGACY.get(k))!r} where this run has "
+                f"{config.get(k, LEGACY.get(k))!r}" for k in SETTINGS
+                if old.get(k, LEGACY.get(k)) != config.get(k, LEGACY.get(k))]
     problems += [f"{d} ran {n} folds where this run has {folds[d]}"
                  for d, n in old["folds_run"].items()
                  if folds.get(d, n) != n]
@@ -379,6 +397,8 @@ def earlier(out: Path, config: dict) -> list[dict]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from hmgraph.classify import SELECTIONS, SMOOTH_CV, ClassifyConfig
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for flag, kind, default in (
             ("--datasets", str, ",".join(DATASETS)),
@@ -388,6 +408,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             ("--epochs", int, 100), ("--patience", int, 20),
             ("--hidden", int, 64), ("--lr", float, 0.001),
             ("--seed", int, 0), ("--workers", int, 2), ("--note", str, ""),
+            ("--selection", str, ClassifyConfig.selection),
+            ("--smooth", int, SMOOTH_CV),
             ("--out", str, str(REPO / "bench" / "results" / "pooling.json"))):
         parser.add_argument(flag, type=kind, default=default)
     parser.add_argument("--max-folds", default="",
@@ -402,6 +424,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="smoke run: MUTAG, 2 folds of 10, 3 epochs, "
                         "output /tmp/pooling_quick.json")
     args = parser.parse_args(argv)
+    if args.selection not in SELECTIONS:
+        parser.error(f"--selection {args.selection!r}: one of "
+                     f"{', '.join(SELECTIONS)}")
     if args.quick:
         args.datasets, args.max_folds, args.epochs = "MUTAG", "2", 3
         args.out = "/tmp/pooling_quick.json"

@@ -117,9 +117,10 @@ class ClassifyConfig:
         together), ``"inner-retrain"`` (the same, then one model
         retrained on all of it) or ``"holdout"`` (the carved validation
         set). Official splits always select on their own validation set.
-    smooth : int
+    smooth : int or None
         Epochs of the trailing mean over the validation curve that picks
-        the epoch (1: the raw curve).
+        the epoch (1: the raw curve). None: `SMOOTH_CV` on
+        cross-validation, 1 on an official split (OGB's protocol).
     inner_folds : int
         Inner folds of ``selection="inner"``.
     clip : float
@@ -145,8 +146,8 @@ class ClassifyConfig:
     weight_decay: float = 0.0
     seed: int = 0
     device: str = "cpu"
-    selection: str = "holdout"
-    smooth: int = 1
+    selection: str = "inner"
+    smooth: int | None = None
     inner_folds: int = 3
     clip: float = 0.0
     out: str = "runs/classify"
@@ -163,6 +164,8 @@ FOLD_KEYS = ("dataset", "model", "folds", "epochs", "patience", "batch_size",
              "hidden", "levels", "ratio", "dropout", "lr", "weight_decay",
              "seed", "device", "selection", "smooth", "inner_folds",
              "clip")
+#: Default smoothing of the validation curve on cross-validated sets.
+SMOOTH_CV = 5
 #: Epoch selections (`ClassifyConfig.selection`).
 SELECTIONS = ("inner", "inner-retrain", "holdout")
 
@@ -734,7 +737,7 @@ def run(config: ClassifyConfig, dataset=None) -> dict:
                          f"{', '.join(sorted(POOLING_MODELS))}")
     for name in ("folds", "epochs", "patience", "batch_size", "hidden",
                  "levels", "smooth"):
-        if getattr(config, name) < 1:
+        if getattr(config, name) is not None and getattr(config, name) < 1:
             raise ValueError(f"{name} must be positive; got "
                              f"{getattr(config, name)}")
     if config.selection not in SELECTIONS:
@@ -746,6 +749,9 @@ def run(config: ClassifyConfig, dataset=None) -> dict:
     device = torch.device(config.device)
     if dataset is None:
         dataset = load_graph_dataset(config.dataset, config.root)
+    if config.smooth is None:
+        config = dataclasses.replace(
+            config, smooth=1 if dataset.split is not None else SMOOTH_CV)
     check_model_memory(config, dataset)
     # (1) Splits: stratified folds, or the official split repeated.
     if dataset.split is not None:
@@ -986,10 +992,11 @@ def add_parser(commands):
                         "inner-retrain (the same, then one model trained "
                         "on all of it) or holdout (one carved validation "
                         "set); official splits use their own valid")
-    parser.add_argument("--smooth", type=positive_int,
-                        default=ClassifyConfig.smooth,
+    parser.add_argument("--smooth", type=positive_int, default=None,
                         help="pick the epoch on the trailing mean of this "
-                        "many epochs of the validation curve")
+                        f"many epochs of the validation curve (default: "
+                        f"{SMOOTH_CV} on cross-validation, 1 on an official "
+                        f"split, as OGB's protocol)")
     parser.add_argument("--inner-folds", type=positive_int,
                         default=ClassifyConfig.inner_folds,
                         help="inner folds of --selection inner (>= 2)")

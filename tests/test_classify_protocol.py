@@ -127,3 +127,15 @@ def test_cli_refuses_one_inner_fold_before_loading(tmp_path):
     with pytest.raises(ValueError, match=re.escape(
             "--inner-folds 1: must be at least 2")):
         command(args)
+
+
+def test_default_protocol_is_inner_selection_on_a_smoothed_curve(mutag,
+                                                                tmp_path):
+    result = run(ClassifyConfig(dataset="MUTAG", model="gin", max_folds=1,
+                                epochs=2, hidden=8, levels=2,
+                                out=str(tmp_path), progress=False), mutag)
+    assert result["config"]["selection"] == "inner"
+    assert result["config"]["smooth"] == 5
+    assert "inner stratified 3-fold CV" in result["protocol"]
+    assert "trailing mean of 5 epochs" in result["protocol"]
+    assert "valid_smoothed" in result["folds"][0]["history"][0]

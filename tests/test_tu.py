@@ -267,6 +267,7 @@ def test_classify_run_on_mutag(shared_data, tmp_path):
     config = ClassifyConfig(dataset="MUTAG", root=str(shared_data),
                             model="hap", folds=10, max_folds=1, epochs=2,
                             patience=1, batch_size=64, hidden=16,
+                            selection="holdout", smooth=1,
                             out=str(tmp_path), progress=False)
     result = run(config)
     assert result["summary"]["folds_run"] == 1

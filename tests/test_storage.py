@@ -690,3 +690,32 @@ def test_disk_model_in_step_with_the_reads_is_kept(disk_dir, monkeypatch):
         feature.stats.model_seconds = feature.stats.seconds
         monkeypatch.setattr(disk, "measure_disk", _refuse)
         feature.release_buffers()
+
+
+@pytest.mark.parametrize("depth", [1, 3, 64, 128])
+@pytest.mark.parametrize("chunk", [None, PAGE_BYTES], ids=["default-chunk",
+                                                           "page-chunks"])
+def test_rows_are_bit_exact_at_every_queue_depth(disk_dir, depth, chunk):
+    """However many requests are in flight (one compiled ``pread`` loop
+    per thread) and however finely a read is cut into tasks, every row is
+    the file's: unique ids straight to their places, repeated ids, and
+    rows brought along."""
+    rows = make_rows((6000, 37), np.float32)  # rows straddle blocks
+    path = disk_dir / "feat.bin"
+    write_feature_file(path, rows)
+    model = DiskModel(512, 50_000.0, 1e9, depth, path.stat().st_dev)
+    rng = np.random.default_rng(depth)
+    with StorageFeature(path, num_threads=depth, disk=model,
+                        chunk_bytes=chunk) as feature:
+        assert feature.num_threads == depth
+        unique = torch.from_numpy(rng.permutation(6000)[:2500])
+        repeated = torch.from_numpy(rng.integers(0, 6000, 4000))
+        for ids in (unique, repeated, torch.tensor([5999, 0, 5999])):
+            assert feature.read(ids).numpy().tobytes() == \
+                rows[ids.numpy()].tobytes()
+        candidates = torch.arange(1, 6000, 2)
+        got, taken, brought = feature.read_along(
+            torch.arange(0, 6000, 10), candidates)
+        assert got.numpy().tobytes() == rows[0:6000:10].tobytes()
+        assert brought.numpy().tobytes() == rows[taken.numpy()].tobytes()
+        assert feature.stats.io_requests >= 1

@@ -300,7 +300,7 @@ def _plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after the backend is set
 
     figure, axis = plt.subplots(figsize=(8, 4))
     names = [r["name"] for r in rows]

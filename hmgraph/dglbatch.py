@@ -89,7 +89,8 @@ def find_lazy(batch) -> list[Lazy]:
         If a lazy column has no ids and its graph no ``dgl.NID`` /
         ``dgl.EID`` column.
     """
-    from dgl import EID, NID  # lazy: DGL
+    # Lazy: DGL (see `graphs`).
+    from dgl import EID, NID
     from dgl.frame import LazyFeature
 
     found = []
@@ -130,7 +131,8 @@ def to_device(batch, device: torch.device):
     Graphs stay on the CPU where DGL was built without CUDA (its CPU
     wheel); their features are then read from the batch's attributes.
     """
-    from dgl import DGLGraph  # lazy: DGL
+    # Lazy: DGL (see `graphs`).
+    from dgl import DGLGraph
     from dgl.utils import recursive_apply
 
     if device.type == "cpu":
@@ -157,7 +159,7 @@ def seed_dataset(indices, batch_size: int, drop_last: bool, use_ddp: bool,
     RuntimeError
         ``use_ddp`` without an initialized ``torch.distributed``.
     """
-    # Lazy: DGL.
+    # Lazy: DGL (see `graphs`).
     from dgl.dataloading.dataloader import create_tensorized_dataset
 
     if use_ddp and not (torch.distributed.is_available()

@@ -501,11 +501,11 @@ class StorageFeature(Feature):
                into: tuple):
         """Plan the reads of sorted unique ids, queue them (rows to
         ``(targets, which, where)``); return the function that waits."""
-        began = time.perf_counter()
-        futures = []
+        futures, planning = [], 0.0
         if len(unique) and self._row_numel:
+            began = time.perf_counter()
             tasks = self._plan(unique.numpy())
-            began -= time.perf_counter()  # minus the planning's seconds
+            planning = time.perf_counter() - began
             try:
                 futures = [self._pool.submit(self._run_task, task, into)
                            for task in tasks]
@@ -514,7 +514,7 @@ class StorageFeature(Feature):
                     f"StorageFeature of {self.path} is closed"
                 ) from None
         return functools.partial(self._finish, futures, unique, requested,
-                                 -began if futures else 0.0)
+                                 planning)
 
     def _finish(self, futures, unique, requested, planning) -> None:
         """Wait for every task of a read, then count it (or raise the

@@ -9,7 +9,8 @@ pass one compiled loop over the batch in request order:
 2. sort the misses (file order), mark the window, drop staged rows no
    longer needed, choose the window's rows that lie on the blocks read
    anyway;
-3. read misses into their places in the output, and rows brought along
+3. read misses into their places in the output (`CompiledRead.read_into`:
+   rows of the caller's tensor, batch reuse's batch), and rows brought along
    into their staging slots, in one plan of the storage tier, on its
    threads; meanwhile copy the hits into the output and let the policy
    decide (the hmgraph policy's dynamic region; static policies hold
@@ -28,7 +29,7 @@ import time
 import numpy as np
 import torch
 
-from hmgraph.cache import engine
+from hmgraph.cache import engine, reuse_engine
 from hmgraph.cache.buffers import BufferPool
 from hmgraph.cache.disk import read_plan
 from hmgraph.cache.policies import HMGraphPolicy, StaticPolicy
@@ -127,6 +128,8 @@ class CompiledRead:
             engine.gather(store, slot, self.all_buffers, nothing)
             engine.gather(store, slot, self.all_buffers, nothing, 0,
                           len(self.all_buffers))
+            reuse_engine.gather_at(store, slot, self.all_buffers, nothing,
+                                   none, 0, len(self.all_buffers))
         engine.argsort(none, self.cache.num_rows)
         staging = self.cache.staging
         if staging is not None:
@@ -234,6 +237,29 @@ class CompiledRead:
     def read(self, ids: torch.Tensor, future) -> torch.Tensor | None:
         """Rows of unique ``ids`` through the cache; None when an id
         repeats (the caller then reads the unique ids)."""
+        return self._read_to(ids, future, None, None)
+
+    def read_into(self, ids: torch.Tensor, future, out: torch.Tensor,
+                  at: np.ndarray) -> bool:
+        """`read`, the rows written into rows ``at`` (int64, one per id,
+        in range: not checked here) of ``out`` instead of a buffer of
+        their own; the same decisions and counters. False when an id
+        repeats (nothing read, moved or counted)."""
+        return self._read_to(ids, future, out, at) is not None
+
+    def _gather(self, store, slot, out_rows, at, first, stop):
+        """`engine.gather` of the stores ``first`` to ``stop``, into rows
+        ``at`` of ``out_rows`` where ``at`` is given."""
+        if at is None:
+            return engine.gather(store, slot, self.all_buffers, out_rows,
+                                 first, stop)
+        return reuse_engine.gather_at(store, slot, self.all_buffers,
+                                      out_rows, at, first, stop)
+
+    def _read_to(self, ids, future, out, at):
+        """`read` (``out`` None: into a buffer of the pool) or `read_into`
+        (row ``i`` into ``out[at[i]]``); the rows' tensor, or None when an
+        id repeats."""
         cache = self.cache
         start = time.perf_counter()
         ids_np = ids.numpy()
@@ -244,7 +270,8 @@ class CompiledRead:
         if misses is None:
             return None
         missing, missed = misses
-        out = self.pool.empty(count)
+        if out is None:
+            out = self.pool.empty(count)
         out_rows = engine.byte_rows(out)
         layered = len(self.stores)
         found = np.zeros(len(self.all_buffers), dtype=np.int64)
@@ -255,8 +282,8 @@ class CompiledRead:
         taken = _EMPTY
         staging = cache.staging
         if staging is not None:
-            found += engine.gather(store, slot, self.all_buffers, out_rows,
-                                   layered, layered + 1)
+            found += self._gather(store, slot, out_rows, at, layered,
+                                  layered + 1)
             engine.mark_window(cache._marks.numpy(), self.marked, ahead,
                                bounds)
             self.marked = ahead
@@ -272,12 +299,12 @@ class CompiledRead:
         # on the storage tier's threads; meanwhile the hits are copied
         # (other rows of the output) and the policy decides. Nothing is
         # applied before the reads succeed: a failed read leaves no trace.
-        wait, slots = self._start_source(missed, missing, out, out_rows,
-                                         taken)
+        wait, slots = self._start_source(
+            missed, missing if at is None else at[missing], out, out_rows,
+            taken)
         try:
             if layered:
-                found += engine.gather(store, slot, self.all_buffers,
-                                       out_rows, 0, layered)
+                found += self._gather(store, slot, out_rows, at, 0, layered)
             decided = self._decide(ids_np, store, ahead, bounds)
         finally:
             wait()
@@ -285,7 +312,7 @@ class CompiledRead:
             self._stage(taken, slots)
         # (4) Evictions, then admissions; counters.
         if self.policy is not None:
-            self._apply(ids_np, decided, out_rows)
+            self._apply(ids_np, decided, out_rows, at)
         for number, store_ in enumerate(self.stores):
             if found[number]:
                 cache._count_hits(store_.name, int(found[number]))
@@ -312,9 +339,10 @@ class CompiledRead:
             self.cache.num_rows)
 
     def _start_source(self, missed, missing, out, out_rows, taken):
-        """Start reading the misses (and rows brought along, into the
-        staging slots `SlotStore.insert` would give them: the top of the
-        free stack); return the function that waits, and those slots."""
+        """Start reading the misses into rows ``missing`` of the output
+        (and rows brought along, into the staging slots
+        `SlotStore.insert` would give them: the top of the free stack);
+        return the function that waits, and those slots."""
         cache = self.cache
         source = cache.source
         if not len(missed):
@@ -363,15 +391,20 @@ class CompiledRead:
             np.iinfo(np.int32).max, policy.capacity - policy.static_rows,
             policy.num_rows)
 
-    def _apply(self, ids, decided, out_rows) -> None:
+    def _apply(self, ids, decided, out_rows, at=None) -> None:
         """Apply the policy's choice to the stores: evictions, then
-        admissions (rows from the output); counters."""
+        admissions (rows from the output, id ``i``'s at row ``at[i]``
+        where ``at`` is given); counters."""
         cache, policy = self.cache, self.policy
         if decided is None:  # static: nothing moves
             for store_ in self.stores:
                 _add(cache.stats.evicted, store_.name, 0)
             return
         evict, admit, held = decided
+        if at is not None:  # ids and positions of the output's rows
+            by_row = np.zeros(len(out_rows), dtype=np.int64)
+            by_row[at] = ids
+            ids, admit = by_row, at[admit]
         num_free = np.array([s.num_free for s in self.stores], np.int64)
         freed = engine.evict_ids(evict, self.table, self.low, self.high,
                                  self.id_of, self.free, num_free,

@@ -37,6 +37,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from hmgraph.cache import compiled
@@ -352,6 +353,57 @@ class FeatureCache(Feature):
             lookahead policies and ignored by the others.
         """
         return self._read(check_ids(ids, self.num_rows), future)
+
+    @property
+    def reads_in_place(self) -> bool:
+        """Whether `read_into` writes rows straight into the caller's
+        tensor (the compiled engine, unless the cache is `complete`);
+        else it reads them as `read` does and copies them there."""
+        return self._compiled is not None and self._complete is None
+
+    def read_into(self, ids, out: torch.Tensor, positions,
+                  future: Sequence[torch.Tensor] = ()) -> None:
+        """Rows of ``ids`` written into rows ``positions`` of ``out``.
+
+        See `read`: the same rows, decisions and counters; the rows go
+        to the caller's tensor instead of one of their own (where
+        `reads_in_place`, with no copy of them).
+
+        Parameters
+        ----------
+        ids : torch.Tensor or numpy.ndarray
+            1-D ids, as `read` takes them.
+        out : torch.Tensor
+            CPU rows of this cache's row shape and dtype.
+        positions : torch.Tensor or numpy.ndarray
+            1-D int64: row ``positions[i]`` of ``out`` gets the row of
+            ``ids[i]``; each in ``[0, len(out))``.
+        future : sequence of torch.Tensor
+            As `read`.
+        """
+        ids = check_ids(ids, self.num_rows)
+        if not isinstance(out, torch.Tensor) or out.device.type != "cpu" \
+                or out.dtype != self.dtype or \
+                tuple(out.shape[1:]) != tuple(self.row_shape):
+            raise ValueError(
+                f"out must be a CPU tensor of {self.dtype} rows of shape "
+                f"{tuple(self.row_shape)}, got {getattr(out, 'dtype', out)}"
+                f" {tuple(getattr(out, 'shape', ()))}")
+        at = np.asarray(positions)
+        if at.dtype != np.int64 or at.shape != (ids.numel(),):
+            raise ValueError(f"positions must be {ids.numel()} int64, got "
+                             f"{at.dtype} {at.shape}")
+        if at.size and (int(at.min()) < 0 or int(at.max()) >= len(out)):
+            raise ValueError(f"positions must lie in [0, {len(out)}), got "
+                             f"{int(at.min())}..{int(at.max())}")
+        self._read_into(ids, out, at, future)
+
+    def _read_into(self, ids, out, at, future) -> None:
+        if self.reads_in_place:
+            with self._lock:
+                if self._compiled.read_into(ids, future, out, at):
+                    return
+        out[torch.from_numpy(at)] = self._read(ids, future).cpu()
 
     def _read(self, ids, future=()) -> torch.Tensor:
         if self._complete is not None:

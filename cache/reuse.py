@@ -41,7 +41,10 @@ On a CPU device a batch is read by compiled kernels
 over the batch (the table's three entries of an id read in one), with
 the GIL released; scratch is kept from batch to batch, the batch's memory
 is taken again once the caller let go of it (`BufferPool`), and the only
-fresh buffer is the ids asked of the cache below. The tensor code
+fresh buffer is the ids asked of the cache below. A cache below that
+`reads_in_place` (`FeatureCache.read_into`, its compiled engine) writes
+the rest straight into the batch's rows, so only the reused rows are
+copied here. The tensor code
 (``engine="torch"``) serves CUDA devices and is the reference the
 compiled path is tested against: the same rows and counters after every
 batch.
@@ -243,7 +246,9 @@ class BatchReuse(Feature):
     staging builds the batch: no scatter, and no fresh buffer but the
     batch itself (on the CPU a fresh buffer costs a page fault per 4 KiB).
     The compiled engine needs no staging: one kernel builds the batch,
-    in order, from the ring and the rows the cache below returned.
+    in order, from the ring and the rows the cache below returned, or
+    only fills in the ring's rows where the cache below wrote the rest
+    into the batch (`FeatureCache.reads_in_place`).
     """
 
     def __init__(self, inner: Feature, levels: int, capacity_rows: int,
@@ -503,24 +508,35 @@ class BatchReuse(Feature):
         # (2) The rest from the cache below, asked in sorted order. Should
         # it fail, only the stamps moved: they choose what a batch keeps,
         # never which rows it reads.
+        # Where the cache below writes rows in place, it writes them into
+        # the batch (`FeatureCache.read_into`): no copy of them here.
+        out = self._batches.empty(count)
+        out_rows = byte_rows(out)
+        in_place = getattr(self.inner, "reads_in_place", False)
         inner, rows = 0.0, self._no_rows
         if missing:
             wanted = np.empty(missing, dtype=np.int64)
             reuse_engine.sort_rest(ids_np, rest, missing, self._passes,
                                    wanted, source, where, keys, spare)
             start = time.perf_counter()
-            rows = self.inner.read(torch.from_numpy(wanted), future)
+            if in_place:
+                self.inner.read_into(torch.from_numpy(wanted), out,
+                                     where[:missing], future)
+            else:
+                rows = byte_rows(self.inner.read(torch.from_numpy(wanted),
+                                                 future))
             inner = time.perf_counter() - start
-            rows = byte_rows(rows)
             if self._staged_rows < missing:
                 self._staged_rows = missing + missing // 4
-        # (3) One pass builds the batch from the ring and those rows; (4)
-        # the rows kept are copied into the ring.
+        # (3) One pass builds the batch from the ring and those rows (or
+        # only the ring's, the rest in place); (4) the rows kept are
+        # copied into the ring.
         copy = time.perf_counter()
-        out = self._batches.empty(count)
-        out_rows = byte_rows(out)
         ring = self._ring()
-        reuse_engine.gather_batch(source[:count], ring, rows, out_rows)
+        if in_place:
+            reuse_engine.gather_reused(source[:count], ring, out_rows)
+        else:
+            reuse_engine.gather_batch(source[:count], ring, rows, out_rows)
         del rows
         reuse_engine.write_ring(ids_np, out_rows, keep, kept, ring, head,
                                 table, self._batch)

@@ -14,7 +14,10 @@ the graph:
 3. `sort_rest`: the rest sorted by id for the cache below (a stable LSD
    radix sort, O(rows) per 11-bit digit);
 4. `gather_batch`: the batch built from the ring and the rows the cache
-   below returned, each row copied once;
+   below returned, each row copied once; or `gather_reused`: only the
+   ring's rows, where the cache below wrote the rest into the batch
+   itself (`hmgraph.cache.coordinated.FeatureCache.read_into`, whose
+   compiled engine writes hits at given rows with `gather_at`);
 5. `write_ring`: the kept rows into the ring, their ids into the table.
 
 Rows are ``uint8`` matrices of ``row_bytes`` columns
@@ -32,8 +35,9 @@ from numba import njit
 
 from hmgraph.cache.engine import copy_row
 
-__all__ = ["RESIDENT", "gather_batch", "radix_passes", "scan_batch",
-           "sort_rest", "stamp_ids", "write_ring"]
+__all__ = ["RESIDENT", "gather_at", "gather_batch", "gather_reused",
+           "radix_passes", "scan_batch", "sort_rest", "stamp_ids",
+           "write_ring"]
 
 _NOGIL = {"nogil": True, "cache": True}
 #: The batch counter of rows the cache below holds on the device for good
@@ -167,6 +171,31 @@ def gather_batch(source, ring, rows, out):
             copy_row(out, i, ring, position)
         else:
             copy_row(out, i, rows, -2 - position)
+
+
+@njit(**_NOGIL)
+def gather_reused(source, ring, out):
+    """``out[i] = ring[source[i]]`` where ``source[i] >= 0``; the other
+    rows of ``out`` (the cache below wrote them in place) are left as
+    they are."""
+    for i in range(source.shape[0]):
+        position = source[i]
+        if position >= 0:
+            copy_row(out, i, ring, position)
+
+
+@njit(**_NOGIL)
+def gather_at(store, slot, buffers, out, at, first, stop):
+    """`hmgraph.cache.engine.gather` into rows ``at`` of ``out``:
+    ``out[at[i]] = buffers[store[i]][slot[i]]`` wherever ``first <=
+    store[i] < stop``; rows copied per store returned."""
+    counts = np.zeros(len(buffers), dtype=np.int64)
+    for i in range(store.shape[0]):
+        j = store[i]
+        if first <= j < stop:
+            copy_row(out, at[i], buffers[j], slot[i])
+            counts[j] += 1
+    return counts
 
 
 @njit(**_NOGIL)

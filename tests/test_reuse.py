@@ -7,6 +7,8 @@ import time
 import dgl
 import numpy as np
 import pytest
+import test_cache
+import test_engine
 import torch
 from contract import check_feature_contract
 from hypothesis import given, settings
@@ -16,6 +18,7 @@ import hmgraph
 from hmgraph.analysis import reuse_filtered
 from hmgraph.cache.coordinated import FeatureCache, Layer
 from hmgraph.cache.feature import TensorFeature
+from hmgraph.cache.format import write_feature_file
 from hmgraph.cache.plan import make_plan, replay_hits
 from hmgraph.cache.policies import make_policy
 from hmgraph.cache.reuse import (
@@ -571,3 +574,83 @@ def test_lookahead_ids_out_of_range_raise_and_change_nothing(engine):
         reuse.read(torch.arange(5, 15), [torch.tensor([3, NUM_ROWS])])
     assert torch.equal(reuse.read(torch.arange(5, 15)), rows[5:15])
     assert reuse.stats.reused["level1"] >= 5
+
+
+# `FeatureCache.read_into`: batch reuse's cache below writes the rest of
+# a batch straight into the batch's rows.
+
+INTO_POLICIES = ["hmgraph", "presample", "lru", "none"]
+
+
+@pytest.mark.parametrize("kind", test_engine.SOURCES)
+@pytest.mark.parametrize("budget", test_cache.BUDGETS.values(),
+                         ids=test_cache.BUDGETS.keys())
+@pytest.mark.parametrize("policy", INTO_POLICIES)
+def test_read_into_decides_and_counts_as_read(policy, budget, kind,
+                                              tmp_path):
+    """Two caches of one plan read the same batches, one with `read`, one
+    with `read_into` at shuffled rows of a larger tensor: the same rows
+    at those rows (the others untouched), the same decisions, counters
+    and storage counters after every batch."""
+    rows = test_cache.reference_rows()
+    path = tmp_path / "feat.bin"
+    write_feature_file(path, rows)
+    caches = [test_cache.make_cache(
+        policy, budget, test_cache.make_source(kind, rows, path),
+        test_cache.staging_of(kind)) for _ in range(2)]
+    read, into = caches
+    assert into.reads_in_place == (into.engine == "compiled"
+                                   and not into.complete)
+    assert into.reads_in_place or policy == "lru" or into.complete
+    generator = torch.Generator().manual_seed(2)
+    try:
+        trace = test_engine.recorded_trace(seed=7)
+        uniques = [torch.tensor(b).unique() for b in trace]
+        for index, batch in enumerate(trace):
+            ids = torch.tensor(batch, dtype=torch.int64)
+            future = uniques[index + 1:index + 1 + test_engine.WINDOW]
+            out = torch.full((len(batch) + 9, *test_cache.ROW_SHAPE), -7.0)
+            at = torch.randperm(out.shape[0], generator=generator)[
+                :len(batch)]
+            into.read_into(ids, out, at, future)
+            expected = read.read(ids, future)
+            assert torch.equal(out[at], expected)
+            assert np.array_equal(expected.numpy(), rows[batch])
+            untouched = torch.ones(out.shape[0], dtype=torch.bool)
+            untouched[at] = False
+            assert bool((out[untouched] == -7.0).all())
+            assert test_engine.state(into) == test_engine.state(read), \
+                f"batch {index} decided otherwise"
+    finally:
+        for cache in caches:
+            cache.close()
+
+
+def test_read_into_with_repeated_ids_reads_each_once():
+    rows = torch.from_numpy(reference())
+    cache = FeatureCache(TensorFeature(rows), [])
+    assert cache.reads_in_place
+    out = torch.zeros((6, 5))
+    cache.read_into(torch.tensor([4, 9, 4]), out, torch.tensor([5, 0, 2]))
+    assert torch.equal(out[[5, 0, 2]], rows[[4, 9, 4]])
+    assert cache.stats.rows_requested == 2  # each row read once
+
+
+@pytest.mark.parametrize("out, positions, message", [
+    (torch.zeros((4, 5), dtype=torch.float64), [0, 1], "out must be"),
+    (torch.zeros((4, 6)), [0, 1], "out must be"),
+    (torch.zeros((4, 5)), [0], "positions must be 2 int64"),
+    (torch.zeros((4, 5)), torch.tensor([0, 1], dtype=torch.int32),
+     "positions must be 2 int64"),
+    (torch.zeros((4, 5)), [0, 4], r"positions must lie in \[0, 4\)"),
+    (torch.zeros((4, 5)), [-1, 2], r"positions must lie in \[0, 4\)"),
+], ids=["dtype", "row-shape", "count", "int32", "past-the-end", "negative"])
+def test_read_into_refuses_bad_targets(out, positions, message):
+    cache = FeatureCache(TensorFeature(torch.from_numpy(reference())), [])
+    before = out.clone()
+    with pytest.raises(ValueError, match=message):
+        cache.read_into(torch.tensor([1, 2]), out, torch.as_tensor(
+            positions, dtype=torch.int64) if isinstance(positions, list)
+            else positions)
+    assert torch.equal(out, before)
+    assert cache.stats.rows_requested == 0

@@ -288,7 +288,24 @@ class BatchReuse(Feature):
             self._no_rows = np.zeros((0, self.row_bytes), dtype=np.uint8)
             self._passes = reuse_engine.radix_passes(self.num_rows)
             self._staged_rows = 0  # the staging the reference would hold
+            self._warm()
         self.reset()
+
+    def _warm(self) -> None:
+        """Load (or compile, the first time on a machine) every kernel for
+        these types now, at construction, not in the first batch: each
+        runs once over no rows, and nothing is read, kept or counted."""
+        none, rows, table = np.zeros(0, np.int64), self._no_rows, \
+            self._table_np
+        source, rest, where, keys, spare, keep = self._scratch_rows(0)
+        reuse_engine.stamp_ids(table, none, 0)
+        reuse_engine.scan_batch(none, table, 0, self.levels, 0, 0, 0, 0, 1,
+                                0, 0, 0, source, rest, keep, keys)
+        reuse_engine.sort_rest(none, rest, 0, self._passes, none, source,
+                               where, keys, spare)
+        reuse_engine.gather_batch(source, rows, rows, rows)
+        reuse_engine.gather_reused(source, rows, rows)
+        reuse_engine.write_ring(none, rows, keep, 0, rows, 0, table, 0)
 
     @property
     def ring_rows(self) -> int:

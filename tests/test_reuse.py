@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import hmgraph
 from hmgraph.analysis import reuse_filtered
+from hmgraph.cache import reuse_engine
 from hmgraph.cache.coordinated import FeatureCache, Layer
 from hmgraph.cache.feature import TensorFeature
 from hmgraph.cache.format import write_feature_file
@@ -654,3 +655,22 @@ def test_read_into_refuses_bad_targets(out, positions, message):
             else positions)
     assert torch.equal(out, before)
     assert cache.stats.rows_requested == 0
+
+
+def test_kernels_are_ready_at_construction():
+    """Construction loads every kernel for the types a read passes: the
+    first batches add no compiled version (no compile in the epoch)."""
+    kernels = [reuse_engine.stamp_ids, reuse_engine.scan_batch,
+               reuse_engine.sort_rest, reuse_engine.gather_batch,
+               reuse_engine.gather_reused, reuse_engine.write_ring]
+    rows = torch.from_numpy(reference())
+    reuse = make_reuse(2, 40)
+    assert reuse.engine == "compiled"
+    loaded = [len(kernel.signatures) for kernel in kernels]
+    assert all(loaded)
+    for start in range(0, 200, 30):
+        ids = torch.arange(start, start + 60).flip(0)
+        got = reuse.read(ids, [torch.arange(start + 30, start + 90)])
+        assert torch.equal(got, rows[ids])
+    assert sum(reuse.stats.reused.values()) > 0
+    assert [len(kernel.signatures) for kernel in kernels] == loaded

@@ -1,0 +1,67 @@
+"""bench/ogbg.py and bench/protocol.py: the verdicts and tables they
+write from their cells (RMSE lower-better, ROC-AUC higher-better)."""
+
+from __future__ import annotations
+
+from benchscripts import load_bench
+
+ogbg = load_bench("ogbg")
+protocol = load_bench("protocol")
+
+
+def cell(dataset, model, metric, mean, std, valid=None):
+    return {"dataset": dataset, "model": model, "metric": metric,
+            "protocol": "official split", "wall_seconds": 1.0,
+            "summary": {"test_mean": mean, "test_std": std,
+                        "valid_mean": mean if valid is None else valid,
+                        "folds_run": 10}}
+
+
+def test_hap_against_gin_counts_rmse_lower_as_better():
+    cells = [cell("ogbg-molesol", "hap", "rmse", 1.10, 0.05),
+             cell("ogbg-molesol", "gin", "rmse", 1.00, 0.04),  # hap below
+             cell("ogbg-molfreesolv", "hap", "rmse", 2.50, 0.2),
+             cell("ogbg-molfreesolv", "gin", "rmse", 2.90, 0.1),  # better
+             cell("ogbg-molbace", "hap", "rocauc", 0.74, 0.02),
+             cell("ogbg-molbace", "gin", "rocauc", 0.76, 0.03),  # within
+             cell("ogbg-molbbbp", "hap", "rocauc", 0.60, 0.01),
+             cell("ogbg-molbbbp", "gin", "rocauc", 0.66, 0.02)]  # below
+    found = ogbg.verdicts(cells)
+    assert {d: v["verdict"] for d, v in found.items()} == {
+        "ogbg-molesol": "below", "ogbg-molfreesolv": "better",
+        "ogbg-molbace": "within one std", "ogbg-molbbbp": "below"}
+    text = ogbg.format_markdown({"settings": {"seeds": 10, "epochs": 100,
+                                              "patience": 20},
+                                 "cells": cells})
+    assert "| sets where HAP is better than GIN or within one std (4 of " \
+        "4 run) | 2 | >= 3 | **MISS** |" in text
+    # Best of each set in bold: the lower RMSE, the higher ROC-AUC.
+    assert "**1.000 ± 0.040**" in text and "**2.500 ± 0.200**" in text
+    assert "**76.00 ± 3.00**" in text
+    assert "| Pre-training GNNs paper" in text
+
+
+def test_a_set_with_one_model_has_no_verdict_yet():
+    cells = [cell("ogbg-molesol", "hap", "rmse", 1.1, 0.05)]
+    assert ogbg.verdicts(cells) == {}
+    text = ogbg.format_markdown({"settings": {"seeds": 10, "epochs": 100,
+                                              "patience": 20},
+                                 "cells": cells})
+    assert "(0 of 4 run) | 0 | >= 3 | **OPEN** |" in text
+
+
+def test_protocol_table_reports_each_variants_worst_gap():
+    def one(variant, valid, test):
+        return {"dataset": "PTC_MR", "model": "hap", "variant": variant,
+                "majority": 0.558, "wall_seconds": 2.0, "gap": 100 * (
+                    valid - test),
+                "summary": {"test_mean": test, "test_std": 0.05,
+                            "valid_mean": valid}}
+
+    report = {"settings": {"epochs": 100, "patience": 20},
+              "cells": [one("holdout", 0.65, 0.50),
+                        one("inner-s5", 0.58, 0.55)]}
+    text = protocol.format_markdown(report)
+    assert "| holdout | 1 | +15.00 | 0 | 2 |" in text
+    assert "| inner-s5 | 1 | +3.00 | 1 | 2 |" in text
+    assert "55.00 ± 5.00 / 58.00 / **+3.00**" in text

@@ -100,13 +100,98 @@ def write_partitions(graph, assignment, out_dir: str | os.PathLike,
     pathlib.Path
         The config file, ``out_dir/graph_name.json``.
     """
+    num_nodes = graph.num_nodes()
+    _check_rows(num_nodes, assignment, features, node_data)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_work(out_dir)
+    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-{os.getpid()}-",
+                                 dir=out_dir.parent))
+    try:
+        parts, orig_nids, new_of_orig = _reshuffle(graph, assignment,
+                                                   num_hops)
+        metadata = _dgl_config(graph, assignment, graph_name, num_hops)
+        local_rows_per_part = []
+        loop = range(assignment.num_parts)
+        if progress is not None:
+            loop = progress(loop)
+        for index in loop:
+            node_range, edge_range, local_rows = _write_part(
+                work, index, parts[index], assignment, new_of_orig,
+                features, node_data)
+            metadata["node_map"]["_N"].append(node_range)
+            metadata["edge_map"]["_N:_E:_N"].append(edge_range)
+            metadata[f"part-{index}"] = {
+                "node_feats": f"part{index}/node_feat.dgl",
+                "edge_feats": f"part{index}/edge_feat.dgl",
+                "part_graph": f"part{index}/graph.dgl",
+            }
+            local_rows_per_part.append(local_rows)
+        with open(work / f"{graph_name}.json", "w") as f:
+            json.dump(metadata, f, indent=4)
+        np.save(work / "orig_nids.npy", orig_nids.numpy())
+        info = _hmgraph_info(graph, assignment, graph_name, num_hops,
+                             local_rows_per_part, stats, extra)
+        with open(work / CONFIG_NAME, "w") as f:
+            json.dump(info, f, indent=2)
+        _replace_dir(work, out_dir)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return out_dir / f"{graph_name}.json"
+
+
+def _reshuffle(graph, assignment, num_hops: int) -> tuple:
+    """DGL's parts of ``graph`` with halos, in reshuffled ids.
+
+    Returns
+    -------
+    tuple
+        ``(parts, orig_nids, new_of_orig)``: the part graphs of
+        ``partition_graph_with_halo``, the original id of every
+        reshuffled id and the reshuffled id of every original id (int64).
+    """
     # Lazy: DGL takes 4 s to import; reading METHODS needs none.
     import dgl
-    from dgl.data.utils import save_tensors
     from dgl.partition import partition_graph_with_halo
 
-    num_nodes = graph.num_nodes()
-    num_parts = assignment.num_parts
+    structure = dgl.graph(graph.edges(), num_nodes=graph.num_nodes())
+    parts, orig_nids, _ = partition_graph_with_halo(
+        structure, assignment.parts, num_hops, reshuffle=True)
+    orig_nids = orig_nids.long()
+    new_of_orig = torch.empty_like(orig_nids)
+    new_of_orig[orig_nids] = torch.arange(graph.num_nodes())
+    return parts, orig_nids, new_of_orig
+
+
+def _hmgraph_info(graph, assignment, graph_name: str, num_hops: int,
+                  local_rows: list, stats: dict | None,
+                  extra: dict | None) -> dict:
+    """What ``hmgraph-partition.json`` holds (see `write_partitions`)."""
+    return {
+        "graph_name": graph_name,
+        "method": assignment.method,
+        "num_parts": assignment.num_parts,
+        "num_nodes": graph.num_nodes(),
+        "num_edges": graph.num_edges(),
+        "halo_hops": num_hops,
+        "settings": assignment.info,
+        "replication_factor": assignment.replication_factor(),
+        "local_rows": local_rows,
+        "stats": stats or {},
+        **(extra or {}),
+    }
+
+
+def _check_rows(num_nodes: int, assignment, features,
+                node_data: dict) -> None:
+    """Refuse an assignment, features or node data of another size.
+
+    Raises
+    ------
+    ValueError
+        Naming the one whose rows are not ``num_nodes``.
+    """
     if assignment.num_nodes != num_nodes:
         raise ValueError(
             f"assignment covers {assignment.num_nodes} nodes, the graph has "
@@ -123,104 +208,95 @@ def write_partitions(graph, assignment, out_dir: str | os.PathLike,
                 f"node data {name!r} has {len(data)} rows, the graph has "
                 f"{num_nodes} nodes"
             )
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_work(out_dir)
-    work = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-{os.getpid()}-",
-                                 dir=out_dir.parent))
-    try:
-        structure = dgl.graph(graph.edges(), num_nodes=num_nodes)
-        parts, orig_nids, _ = partition_graph_with_halo(
-            structure, assignment.parts, num_hops, reshuffle=True)
-        orig_nids = orig_nids.long()
-        new_of_orig = torch.empty_like(orig_nids)
-        new_of_orig[orig_nids] = torch.arange(num_nodes)
-        node_map, edge_map, inner_edges = [], [], 0
-        local_rows_per_part = []
-        metadata = {
-            "graph_name": graph_name,
-            "num_nodes": num_nodes,
-            "num_edges": graph.num_edges(),
-            "part_method": assignment.method,
-            "num_parts": num_parts,
-            "halo_hops": num_hops,
-            "node_map": {"_N": node_map},
-            "edge_map": {"_N:_E:_N": edge_map},
-            "ntypes": {"_N": 0},
-            "etypes": {"_N:_E:_N": 0},
-        }
-        loop = range(num_parts)
-        if progress is not None:
-            loop = progress(loop)
-        for index in loop:
-            part = parts[index]
-            inner = part.ndata["inner_node"].bool()
-            new_ids = part.ndata[dgl.NID][inner]
-            node_map.append([int(new_ids[0]), int(new_ids[-1]) + 1]
-                            if len(new_ids) else [0, 0])
-            inner_e = part.edata["inner_edge"].bool()
-            eids = part.edata[dgl.EID][inner_e]
-            edge_map.append([int(eids.min()), int(eids.max()) + 1]
-                            if len(eids) else [0, 0])
-            inner_edges += int(inner_e.sum())
-            owned_orig = part.ndata["orig_id"][inner]
-            folder = work / f"part{index}"
-            folder.mkdir()
-            # The part's store (owned + replicated rows, by reshuffled id)
-            # is read once; its owned rows are a slice of it.
-            local_orig = assignment.local_ids(index)
-            local_new, order = torch.sort(new_of_orig[local_orig])
-            local_rows = np.ascontiguousarray(
-                _rows(features, local_orig[order].numpy()))
-            local_rows_per_part.append(local_new.numel())
-            feats = {f"_N/{name}": data[owned_orig]
-                     for name, data in node_data.items()}
-            owned_at = torch.searchsorted(local_new, new_ids).numpy()
-            feats["_N/feat"] = torch.from_numpy(local_rows[owned_at])
-            save_tensors(str(folder / "node_feat.dgl"), feats)
-            save_tensors(str(folder / "edge_feat.dgl"), {})
-            del part.ndata["orig_id"]
-            del part.edata["orig_id"]
-            for key, dtype in (("inner_node", torch.uint8),
-                               ("inner_edge", torch.uint8),
-                               (dgl.NID, torch.int64),
-                               (dgl.EID, torch.int64),
-                               ("part_id", torch.int64)):
-                for frame in (part.ndata, part.edata):
-                    if key in frame:
-                        frame[key] = frame[key].to(dtype)
-            dgl.save_graphs(str(folder / "graph.dgl"), [part])
-            metadata[f"part-{index}"] = {
-                "node_feats": f"part{index}/node_feat.dgl",
-                "edge_feats": f"part{index}/edge_feat.dgl",
-                "part_graph": f"part{index}/graph.dgl",
-            }
-            # hmgraph's local feature store: owned + replicated rows.
-            np.save(folder / "local_ids.npy", local_new.numpy())
-            write_feature_file(folder / "feat.bin", local_rows)
-        with open(work / f"{graph_name}.json", "w") as f:
-            json.dump(metadata, f, indent=4)
-        np.save(work / "orig_nids.npy", orig_nids.numpy())
-        info = {
-            "graph_name": graph_name,
-            "method": assignment.method,
-            "num_parts": num_parts,
-            "num_nodes": num_nodes,
-            "num_edges": graph.num_edges(),
-            "halo_hops": num_hops,
-            "settings": assignment.info,
-            "replication_factor": assignment.replication_factor(),
-            "local_rows": local_rows_per_part,
-            "stats": stats or {},
-            **(extra or {}),
-        }
-        with open(work / CONFIG_NAME, "w") as f:
-            json.dump(info, f, indent=2)
-        _replace_dir(work, out_dir)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    return out_dir / f"{graph_name}.json"
+
+
+def _dgl_config(graph, assignment, graph_name: str, num_hops: int) -> dict:
+    """DGL's partition config with empty node and edge maps.
+
+    `write_partitions` appends each part's ranges to ``node_map["_N"]``
+    and ``edge_map["_N:_E:_N"]`` and adds its ``part-P`` entry.
+    """
+    return {
+        "graph_name": graph_name,
+        "num_nodes": graph.num_nodes(),
+        "num_edges": graph.num_edges(),
+        "part_method": assignment.method,
+        "num_parts": assignment.num_parts,
+        "halo_hops": num_hops,
+        "node_map": {"_N": []},
+        "edge_map": {"_N:_E:_N": []},
+        "ntypes": {"_N": 0},
+        "etypes": {"_N:_E:_N": 0},
+    }
+
+
+def _write_part(work: Path, index: int, part, assignment,
+                new_of_orig: torch.Tensor, features,
+                node_data: dict) -> tuple[list, list, int]:
+    """Write part ``index`` into ``work/partINDEX``.
+
+    DGL's ``graph.dgl``, ``node_feat.dgl`` and ``edge_feat.dgl``, and
+    hmgraph's ``local_ids.npy`` and ``feat.bin`` (owned + replicated
+    rows, by reshuffled id).
+
+    Parameters
+    ----------
+    part : dgl.DGLGraph
+        The part's graph from ``partition_graph_with_halo``; its
+        ``orig_id`` data are dropped and its id data cast to the dtypes
+        DGL's loader expects.
+    new_of_orig : torch.Tensor
+        Reshuffled id of every original id.
+
+    Returns
+    -------
+    tuple
+        ``(node_range, edge_range, local_rows)``: the part's reshuffled
+        ``[first, end)`` node and edge ids (``[0, 0]`` when empty) and
+        the rows of its feature store.
+    """
+    # Lazy: DGL takes 4 s to import; reading METHODS needs none.
+    import dgl
+    from dgl.data.utils import save_tensors
+
+    inner = part.ndata["inner_node"].bool()
+    new_ids = part.ndata[dgl.NID][inner]
+    node_range = ([int(new_ids[0]), int(new_ids[-1]) + 1]
+                  if len(new_ids) else [0, 0])
+    inner_e = part.edata["inner_edge"].bool()
+    eids = part.edata[dgl.EID][inner_e]
+    edge_range = ([int(eids.min()), int(eids.max()) + 1]
+                  if len(eids) else [0, 0])
+    owned_orig = part.ndata["orig_id"][inner]
+    folder = work / f"part{index}"
+    folder.mkdir()
+    # The part's store (owned + replicated rows, by reshuffled id) is read
+    # once; its owned rows are a slice of it.
+    local_orig = assignment.local_ids(index)
+    local_new, order = torch.sort(new_of_orig[local_orig])
+    local_rows = np.ascontiguousarray(
+        _rows(features, local_orig[order].numpy()))
+    feats = {f"_N/{name}": data[owned_orig]
+             for name, data in node_data.items()}
+    owned_at = torch.searchsorted(local_new, new_ids).numpy()
+    feats["_N/feat"] = torch.from_numpy(local_rows[owned_at])
+    save_tensors(str(folder / "node_feat.dgl"), feats)
+    save_tensors(str(folder / "edge_feat.dgl"), {})
+    del part.ndata["orig_id"]
+    del part.edata["orig_id"]
+    for key, dtype in (("inner_node", torch.uint8),
+                       ("inner_edge", torch.uint8),
+                       (dgl.NID, torch.int64),
+                       (dgl.EID, torch.int64),
+                       ("part_id", torch.int64)):
+        for frame in (part.ndata, part.edata):
+            if key in frame:
+                frame[key] = frame[key].to(dtype)
+    dgl.save_graphs(str(folder / "graph.dgl"), [part])
+    # hmgraph's local feature store: owned + replicated rows.
+    np.save(folder / "local_ids.npy", local_new.numpy())
+    write_feature_file(folder / "feat.bin", local_rows)
+    return node_range, edge_range, local_new.numel()
 
 
 def remove_stale_work(out_dir: str | os.PathLike) -> list[Path]:

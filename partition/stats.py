@@ -81,66 +81,28 @@ def partition_stats(graph, assignment, graph_sampler, train_ids: torch.Tensor,
         ``edge_cut``, ``replication_factor`` and totals, plus ``parts``: a
         list of per-part dicts.
     """
-    # Lazy: DGL takes 4 s to import; reading METHODS needs none.
-    import dgl
-
     parts = assignment.parts
-    num_nodes = assignment.num_nodes
-    hot = None
-    if budgets is not None and profile is not None:
-        hot_rows = min(num_nodes, sum(int(b) for b in budgets)
-                       // max(1, row_bytes))
-        hot = torch.zeros(num_nodes, dtype=torch.bool)
-        if hot_rows:
-            counts = profile(train_ids)
-            hot[torch.topk(counts, hot_rows, sorted=False).indices] = True
+    counted = budgets is not None and profile is not None
+    hot = _hot_rows(assignment.num_nodes, budgets, profile, train_ids,
+                    row_bytes) if counted else None
     per_part = []
     for part in range(assignment.num_parts):
-        local = torch.zeros(num_nodes, dtype=torch.bool)
-        local[assignment.local_ids(part)] = True
         seeds = train_ids[parts[train_ids] == part]
         generator = torch.Generator().manual_seed(seed + part)
         seeds = seeds[torch.randperm(seeds.numel(), generator=generator)]
         fast = None
-        if budgets is not None and profile is not None and seeds.numel():
-            rows = min(num_nodes, int(budgets[part]) // max(1, row_bytes))
-            fast = torch.zeros(num_nodes, dtype=torch.bool)
-            if rows:
-                counts = profile(seeds)
-                fast[torch.topk(counts, rows, sorted=False).indices] = True
-        dgl.seed(seed + part)
-        reads = remote_rows = requests = remote_requests = hits = 0
+        if counted and seeds.numel():
+            fast = _hot_rows(assignment.num_nodes, [budgets[part]], profile,
+                             seeds, row_bytes)
         batches = range(0, seeds.numel(), batch_size)
         if progress is not None:
             batches = progress(batches, desc=f"part {part}")
-        for start in batches:
-            batch = seeds[start:start + batch_size]
-            input_nodes, _, blocks = graph_sampler.sample(graph, batch)
-            reads += input_nodes.numel()
-            remote_rows += int((~local[input_nodes]).sum())
-            if fast is not None:
-                hits += int(fast[input_nodes].sum())
-            for block in blocks:
-                dst = block.dstdata[dgl.NID]
-                requests += dst.numel()
-                remote_requests += int((parts[dst] != part).sum())
-        per_part.append({
-            "part": part,
-            "owned": int((parts == part).sum()),
-            "replicated": int(assignment.replicas[part].numel()),
-            "train": int(seeds.numel()),
-            "rows_read": reads,
-            "remote_rows": remote_rows,
-            "remote_bytes": remote_rows * row_bytes,
-            "local_read_rate": 1.0 - remote_rows / reads if reads else 0.0,
-            "sampling_requests": requests,
-            "remote_sampling_requests": remote_requests,
-            "fast_hit_rate": hits / reads if fast is not None and reads
-            else None,
-            "hot_fill": None if hot is None else
-            int((hot & (parts == part)).sum()) * row_bytes
-            / max(1, int(budgets[part])),
-        })
+        counts = _count_epoch(graph, graph_sampler, assignment, part, seeds,
+                              batches, batch_size, fast, seed)
+        per_part.append(_part_record(
+            assignment, part, seeds, counts, row_bytes, fast is not None,
+            None if hot is None else int((hot & (parts == part)).sum())
+            * row_bytes / max(1, int(budgets[part]))))
     total = {key: sum(p[key] for p in per_part)
              for key in ("rows_read", "remote_rows", "remote_bytes",
                          "sampling_requests", "remote_sampling_requests")}
@@ -152,6 +114,87 @@ def partition_stats(graph, assignment, graph_sampler, train_ids: torch.Tensor,
         **total,
         "parts": per_part,
     }
+
+
+def _part_record(assignment, part: int, seeds: torch.Tensor, counts: dict,
+                 row_bytes: int, cached: bool,
+                 hot_fill: float | None) -> dict:
+    """Part ``part``'s entry of `partition_stats`'s ``parts`` list.
+
+    ``counts`` are `_count_epoch`'s; ``cached`` says whether the part's
+    fast tiers were filled (else its ``fast_hit_rate`` is None).
+    """
+    reads, remote_rows = counts["rows_read"], counts["remote_rows"]
+    return {
+        "part": part,
+        "owned": int((assignment.parts == part).sum()),
+        "replicated": int(assignment.replicas[part].numel()),
+        "train": int(seeds.numel()),
+        "rows_read": reads,
+        "remote_rows": remote_rows,
+        "remote_bytes": remote_rows * row_bytes,
+        "local_read_rate": 1.0 - remote_rows / reads if reads else 0.0,
+        "sampling_requests": counts["sampling_requests"],
+        "remote_sampling_requests": counts["remote_sampling_requests"],
+        "fast_hit_rate": counts["hits"] / reads if cached and reads
+        else None,
+        "hot_fill": hot_fill,
+    }
+
+
+def _hot_rows(num_nodes: int, budgets, profile, seeds: torch.Tensor,
+              row_bytes: int) -> torch.Tensor:
+    """The rows ``budgets`` (bytes, summed) hold, most read first.
+
+    Returns
+    -------
+    torch.Tensor
+        bool (num_nodes,): the ``sum(budgets) // row_bytes`` rows that
+        ``profile(seeds)`` counts most; none when that is 0 (the
+        profile is then not run).
+    """
+    rows = min(num_nodes, sum(int(b) for b in budgets) // max(1, row_bytes))
+    hot = torch.zeros(num_nodes, dtype=torch.bool)
+    if rows:
+        counts = profile(seeds)
+        hot[torch.topk(counts, rows, sorted=False).indices] = True
+    return hot
+
+
+def _count_epoch(graph, graph_sampler, assignment, part: int,
+                 seeds: torch.Tensor, batches, batch_size: int,
+                 fast: torch.Tensor | None, seed: int) -> dict:
+    """Replay part ``part``'s epoch over ``batches`` (starts in ``seeds``).
+
+    Returns
+    -------
+    dict
+        ``rows_read``, ``remote_rows`` (neither owned nor replicated),
+        ``hits`` (rows in ``fast``; 0 without it), ``sampling_requests``
+        and ``remote_sampling_requests`` (destinations another part owns).
+    """
+    # Lazy: DGL takes 4 s to import; reading METHODS needs none.
+    import dgl
+
+    parts = assignment.parts
+    local = torch.zeros(assignment.num_nodes, dtype=torch.bool)
+    local[assignment.local_ids(part)] = True
+    dgl.seed(seed + part)
+    reads = remote_rows = requests = remote_requests = hits = 0
+    for start in batches:
+        batch = seeds[start:start + batch_size]
+        input_nodes, _, blocks = graph_sampler.sample(graph, batch)
+        reads += input_nodes.numel()
+        remote_rows += int((~local[input_nodes]).sum())
+        if fast is not None:
+            hits += int(fast[input_nodes].sum())
+        for block in blocks:
+            dst = block.dstdata[dgl.NID]
+            requests += dst.numel()
+            remote_requests += int((parts[dst] != part).sum())
+    return {"rows_read": reads, "remote_rows": remote_rows, "hits": hits,
+            "sampling_requests": requests,
+            "remote_sampling_requests": remote_requests}
 
 
 def assign_and_count(graph, num_parts: int, method: str, *,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -231,8 +232,7 @@ def analyze(trace, hop_counts, degrees, profile, num_rows: int,
         batch whole, and ``page_view``: the row and block sizes used.
     """
     requested = sum(t.numel() for t in trace)
-    one, reused_one = reuse_filtered(trace, 1)
-    two, reused_two = reuse_filtered(trace, 2)
+    filtered = {levels: reuse_filtered(trace, levels) for levels in (1, 2)}
     context = {"degrees": degrees, "hotness": profile.counts,
                "hop_counts": profile.hop_counts}
     pages = None
@@ -244,63 +244,75 @@ def analyze(trace, hop_counts, degrees, profile, num_rows: int,
     tiers: dict[str, dict] = {}
     plans: dict[str, dict] = {}
     costs: dict[str, dict] = {}
-
-    def record(name, budget, replayed, began):
-        rate, cost = replayed
-        rates.setdefault(name, {})[f"{budget:g}"] = rate
-        if cost is not None:
-            costs.setdefault(f"{budget:g}", {})[name] = cost
-        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - began
-
     budgets = list(config.budgets)
     if progress is not None:
         budgets = progress(budgets)
     for budget in budgets:
+        key = f"{budget:g}"
         capacity = int(budget * num_rows)
-        for name in ("degree", "presample", "layer-aware", "lru", "clock"):
-            began = time.perf_counter()
-            replayed = _replay_rate(make_policy(name, num_rows, capacity,
-                                                **context),
-                                    trace, requested, pages=pages)
-            record(name, budget, replayed, began)
-        # The hmgraph plan (static split from the profile), per window.
-        plan = make_plan("hmgraph", num_rows, 1, capacity, 0,
-                         counts=profile.counts, trace=profile.trace,
-                         window=4)
-        plans[f"{budget:g}"] = {"static_rows": plan.static_rows,
-                                "curve": plan.curve}
-        for window in config.windows:
-            began = time.perf_counter()
-            policy = make_policy("hmgraph", num_rows, capacity,
-                                 hotness=profile.counts,
-                                 static_rows=plan.static_rows, window=window)
-            replayed = _replay_rate(policy, trace, requested, window=window,
-                                    pages=pages)
-            record(f"hmgraph-w{window}", budget, replayed, began)
-        # With batch reuse the cache is asked for what reuse did not serve
-        # and looks ahead at the next batches whole, as the loader runs it.
-        for levels, (rest, reused) in ((1, (one, reused_one)),
-                                       (2, (two, reused_two))):
-            began = time.perf_counter()
-            policy = make_policy("hmgraph", num_rows, capacity,
-                                 hotness=profile.counts,
-                                 static_rows=plan.static_rows, window=4)
-            replayed = _replay_rate(policy, rest, requested, reused,
-                                    window=4, pages=pages, lookahead=trace)
-            name = "hmgraph+reuse1" if levels == 1 else "hmgraph+reuse2"
-            record(name, budget, replayed, began)
-        began = time.perf_counter()
-        opt = belady_policy(trace, num_rows, capacity)
-        record("belady", budget,
-               _replay_rate(opt, trace, requested, pages=pages), began)
-        tiers[f"{budget:g}"] = _tier_hits(trace, profile, plan, capacity,
-                                          config.device_share, num_rows)
+        plan, replays = _replay_budget(trace, requested, filtered, profile,
+                                       context, capacity, num_rows,
+                                       config.windows, pages)
+        for name, (rate, cost), spent in replays:
+            rates.setdefault(name, {})[key] = rate
+            if cost is not None:
+                costs.setdefault(key, {})[name] = cost
+            seconds[name] = seconds.get(name, 0.0) + spent
+        plans[key] = {"static_rows": plan.static_rows, "curve": plan.curve}
+        tiers[key] = _tier_hits(trace, profile, plan, capacity,
+                                config.device_share, num_rows)
     result = {"hit_rate": rates, "tiers": tiers, "plans": plans,
               "seconds": seconds,
               "stats": trace_stats(trace, hop_counts, degrees, num_rows)}
     if pages is not None:
         result.update(_bytes_view(pages, trace, costs, disk_block_bytes))
     return result
+
+
+def _replay_budget(trace, requested: int, filtered: dict, profile,
+                   context: dict, capacity: int, num_rows: int, windows,
+                   pages) -> tuple:
+    """Replay every policy on ``trace`` with a cache of ``capacity`` rows.
+
+    The plain policies, the hmgraph plan at each of ``windows``, hmgraph
+    behind one and two levels of batch reuse (``filtered[levels]`` is
+    `reuse_filtered`'s ``(rest, reused)``), and Belady's optimum.
+
+    Returns
+    -------
+    tuple
+        ``(plan, replays)``: the hmgraph plan (static split from the
+        profile) and a list of ``(name, (hit_rate, cost), seconds)``, one
+        per replay, in the order they ran.
+    """
+    replays = []
+
+    def timed(name, build, requests, reused=0, **options):
+        # The policy's construction counts in the replay's seconds.
+        began = time.perf_counter()
+        replayed = _replay_rate(build(), requests, requested, reused,
+                                pages=pages, **options)
+        replays.append((name, replayed, time.perf_counter() - began))
+
+    for name in ("degree", "presample", "layer-aware", "lru", "clock"):
+        timed(name, partial(make_policy, name, num_rows, capacity,
+                            **context), trace)
+    # The hmgraph plan (static split from the profile), per window.
+    plan = make_plan("hmgraph", num_rows, 1, capacity, 0,
+                     counts=profile.counts, trace=profile.trace, window=4)
+    hmgraph = partial(make_policy, "hmgraph", num_rows, capacity,
+                      hotness=profile.counts, static_rows=plan.static_rows)
+    for window in windows:
+        timed(f"hmgraph-w{window}", partial(hmgraph, window=window), trace,
+              window=window)
+    # With batch reuse the cache is asked for what reuse did not serve
+    # and looks ahead at the next batches whole, as the loader runs it.
+    for levels in (1, 2):
+        rest, reused = filtered[levels]
+        timed(f"hmgraph+reuse{levels}", partial(hmgraph, window=4), rest,
+              reused, window=4, lookahead=trace)
+    timed("belady", partial(belady_policy, trace, num_rows, capacity), trace)
+    return plan, replays
 
 
 def _ratio(value: int, reference: int) -> float | None:

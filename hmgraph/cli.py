@@ -42,10 +42,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from hmgraph.cache.policies import POLICIES
-    from hmgraph.datasets import known_datasets
-    from hmgraph.models import MODELS
-
     parser = _Parser(
         prog="hmgraph",
         description="GNN training on graphs whose features outgrow memory.",
@@ -53,6 +49,25 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log debug messages")
     commands = parser.add_subparsers(dest="command", required=True)
+
+    _add_train_parser(commands)
+    _add_analyze_parser(commands)
+    _add_disk_parser(commands)
+    from hmgraph.classify import add_parser as add_classify
+
+    add_classify(commands)
+    from hmgraph.distributed.commands import add_parsers as add_distributed
+
+    add_distributed(commands)
+    _add_bench_parser(commands)
+    return parser
+
+
+def _add_train_parser(commands) -> None:
+    """``hmgraph train``: the model, the run, sampling and the cache."""
+    # Lazy: the datasets' and models' registries load torch and DGL.
+    from hmgraph.datasets import known_datasets
+    from hmgraph.models import MODELS
 
     train = commands.add_parser(
         "train", help="node classification with neighbour sampling",
@@ -105,6 +120,17 @@ def _build_parser() -> argparse.ArgumentParser:
                        "disk, it would read over 32 GiB from storage)")
     train.add_argument("--out", default=None,
                        help="output folder (default runs/DATASET-MODEL)")
+    _add_sampling_arguments(train)
+    _add_cache_arguments(train)
+    train.add_argument("--resume", action="store_true",
+                       help="continue from OUT/checkpoint.pt")
+    train.add_argument("--no-verify", action="store_true",
+                       help="skip the feature file's checksum")
+    train.add_argument("--no-progress", action="store_true")
+
+
+def _add_sampling_arguments(train: argparse.ArgumentParser) -> None:
+    """``hmgraph train``'s sampling group: sampler, clusters, layout."""
     sampling = train.add_argument_group("sampling")
     sampling.add_argument("--sampler", default="neighbor",
                           choices=["neighbor", "cluster"],
@@ -131,6 +157,13 @@ def _build_parser() -> argparse.ArgumentParser:
                           "beside it). auto: hot-first with features on "
                           "disk and a profiled cache (presample, "
                           "layer-aware, hmgraph), else file")
+
+
+def _add_cache_arguments(train: argparse.ArgumentParser) -> None:
+    """``hmgraph train``'s feature cache group: policy, budgets, reuse."""
+    # Lazy: the policies' registry loads torch.
+    from hmgraph.cache.policies import POLICIES
+
     cache = train.add_argument_group("feature cache")
     cache.add_argument("--cache", default=None,
                        choices=[n for n in POLICIES if n != "belady"],
@@ -161,11 +194,10 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="rank of rows for static placement")
     cache.add_argument("--profile-batches", type=positive_int, default=32,
                        help="batches sampled to plan the cache")
-    train.add_argument("--resume", action="store_true",
-                       help="continue from OUT/checkpoint.pt")
-    train.add_argument("--no-verify", action="store_true",
-                       help="skip the feature file's checksum")
-    train.add_argument("--no-progress", action="store_true")
+
+
+def _add_analyze_parser(commands) -> None:
+    """``hmgraph analyze``: replay cache policies on a traced epoch."""
     analyze = commands.add_parser(
         "analyze", help="replay cache policies on an epoch's accesses",
         description="Record the access trace of an epoch, replay every "
@@ -187,6 +219,10 @@ def _build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--seed", type=int, default=0)
     analyze.add_argument("--out", default="bench/results")
     analyze.add_argument("--no-verify", action="store_true")
+
+
+def _add_disk_parser(commands) -> None:
+    """``hmgraph disk``: the disk model of a feature file."""
     disk = commands.add_parser(
         "disk", help="the disk model a feature file is read with",
         description="Print the disk model the storage tier plans and "
@@ -201,12 +237,10 @@ def _build_parser() -> argparse.ArgumentParser:
                       "(default: measured, where reads/s stop growing)")
     disk.add_argument("--refresh", action="store_true",
                       help="measure again and replace the cached model")
-    from hmgraph.classify import add_parser as add_classify
 
-    add_classify(commands)
-    from hmgraph.distributed.commands import add_parsers as add_distributed
 
-    add_distributed(commands)
+def _add_bench_parser(commands) -> None:
+    """``hmgraph bench``: every configuration side by side."""
     bench = commands.add_parser(
         "bench", help="every configuration side by side",
         description="Train the same model with DGL's loader (in memory, "
@@ -230,7 +264,6 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true",
                        help="smoke-test sizes: fanouts 5,5, batch 256, "
                        "hidden 32, one epoch")
-    return parser
 
 
 def _bench_command(args) -> int:

@@ -167,6 +167,86 @@ def _prefetch(typingctx, array, index):
     return types.void(array, index), codegen
 
 
+@njit(inline="always")
+def _class_counts(seeds, indptr, inside, fanout, weight, key):
+    """(1) How many neighbours each seed takes from each class.
+
+    Returns
+    -------
+    start, size_in, size_out, k_in, offsets : int64 arrays
+        Per seed: its laid-out row's start, inside and outside sizes and
+        the inside picks; ``offsets`` (n + 1) the block's CSC ``indptr``.
+    """
+    n = seeds.shape[0]
+    start = np.empty(n, dtype=np.int64)
+    size_in = np.empty(n, dtype=np.int64)
+    size_out = np.empty(n, dtype=np.int64)
+    k_in = np.empty(n, dtype=np.int64)
+    offsets = np.empty(n + 1, dtype=np.int64)
+    offsets[0] = 0
+    w = np.float64(weight)
+    for i in range(n):
+        if i + _AHEAD < n:
+            _prefetch(indptr, seeds[i + _AHEAD])
+            _prefetch(inside, seeds[i + _AHEAD])
+        v = seeds[i]
+        start[i], a = indptr[v], inside[v]
+        b = indptr[v + 1] - start[i] - a
+        size_in[i], size_out[i] = a, b
+        eligible = a + b if w > 0.0 else a
+        if fanout < 0 or eligible <= fanout:
+            k_in[i], count = a, eligible
+        elif w == 0.0:
+            k_in[i], count = fanout, fanout
+        else:
+            state = _mix(key + np.uint64(v))
+            left_in, left_out = a, b
+            for j in range(fanout):
+                if left_in == 0 or left_out == 0:
+                    break
+                u = np.float64(_mix(state + np.uint64(j)) >> _S11) * _UNIT
+                if u < left_in / (left_in + w * left_out):
+                    left_in -= 1
+                else:
+                    left_out -= 1
+            # A class run dry leaves the rest to the other.
+            k_in[i], count = fanout - (b - left_out) if left_in else a, \
+                fanout
+        offsets[i + 1] = offsets[i] + count
+    return start, size_in, size_out, k_in, offsets
+
+
+@njit(inline="always")
+def _block_sources(seeds, src, table, tick):
+    """(3) The block's source nodes (``seeds`` first) and local ids.
+
+    Returns
+    -------
+    nodes, local : int64 arrays
+        Every source once, in first-seen order, and the local id of
+        every edge's source (``src[e]``).
+    """
+    n, edges = seeds.shape[0], src.shape[0]
+    nodes = np.empty(n + edges, dtype=np.int64)
+    for i in range(n):
+        v = seeds[i]
+        nodes[i] = v
+        if table[v, 0] != tick:
+            table[v, 0], table[v, 1] = tick, i
+    count = n
+    local = np.empty(edges, dtype=np.int64)
+    for e in range(edges):
+        if e + _AHEAD < edges:
+            _prefetch(table, src[e + _AHEAD])
+        u = src[e]
+        if table[u, 0] != tick:
+            table[u, 0], table[u, 1] = tick, count
+            nodes[count] = u
+            count += 1
+        local[e] = table[u, 1]
+    return nodes[:count], local
+
+
 @njit(**_NOGIL)
 def sample_layer(seeds, indptr, inside, rows, fanout, weight, key, table,
                  tick):
@@ -197,41 +277,8 @@ def sample_layer(seeds, indptr, inside, rows, fanout, weight, key, table,
         id of every edge.
     """
     n = seeds.shape[0]
-    start = np.empty(n, dtype=np.int64)
-    size_in = np.empty(n, dtype=np.int64)
-    size_out = np.empty(n, dtype=np.int64)
-    k_in = np.empty(n, dtype=np.int64)
-    offsets = np.empty(n + 1, dtype=np.int64)
-    offsets[0] = 0
-    w = np.float64(weight)
-    for i in range(n):  # (1) how many from each class
-        if i + _AHEAD < n:
-            _prefetch(indptr, seeds[i + _AHEAD])
-            _prefetch(inside, seeds[i + _AHEAD])
-        v = seeds[i]
-        start[i], a = indptr[v], inside[v]
-        b = indptr[v + 1] - start[i] - a
-        size_in[i], size_out[i] = a, b
-        eligible = a + b if w > 0.0 else a
-        if fanout < 0 or eligible <= fanout:
-            k_in[i], count = a, eligible
-        elif w == 0.0:
-            k_in[i], count = fanout, fanout
-        else:
-            state = _mix(key + np.uint64(v))
-            left_in, left_out = a, b
-            for j in range(fanout):
-                if left_in == 0 or left_out == 0:
-                    break
-                u = np.float64(_mix(state + np.uint64(j)) >> _S11) * _UNIT
-                if u < left_in / (left_in + w * left_out):
-                    left_in -= 1
-                else:
-                    left_out -= 1
-            # A class run dry leaves the rest to the other.
-            k_in[i], count = fanout - (b - left_out) if left_in else a, \
-                fanout
-        offsets[i + 1] = offsets[i] + count
+    start, size_in, size_out, k_in, offsets = _class_counts(
+        seeds, indptr, inside, fanout, weight, key)  # (1)
     edges = offsets[n]
     src = np.empty(edges, dtype=np.int64)
     eids = np.empty(edges, dtype=np.int64)
@@ -250,24 +297,8 @@ def sample_layer(seeds, indptr, inside, rows, fanout, weight, key, table,
         _choose(rows, start[i] + size_in[i], size_out[i],
                 offsets[i + 1] - at, state, OUT_STREAM, src, eids, at,
                 chosen)
-    nodes = np.empty(n + edges, dtype=np.int64)  # (3) the block's sources
-    for i in range(n):
-        v = seeds[i]
-        nodes[i] = v
-        if table[v, 0] != tick:
-            table[v, 0], table[v, 1] = tick, i
-    count = n
-    local = np.empty(edges, dtype=np.int64)
-    for e in range(edges):
-        if e + _AHEAD < edges:
-            _prefetch(table, src[e + _AHEAD])
-        u = src[e]
-        if table[u, 0] != tick:
-            table[u, 0], table[u, 1] = tick, count
-            nodes[count] = u
-            count += 1
-        local[e] = table[u, 1]
-    return nodes[:count], offsets, local, eids
+    nodes, local = _block_sources(seeds, src, table, tick)  # (3)
+    return nodes, offsets, local, eids
 
 
 # -- Reference --------------------------------------------------------------

@@ -117,22 +117,7 @@ def load(
         its format never holds; nothing in it is run.
     """
     root = Path(root)
-    if name not in known_datasets():
-        raise DatasetError(
-            f"unknown dataset {name!r}; known: {', '.join(known_datasets())}"
-        )
-    if features_on not in ("memory", "disk"):
-        raise DatasetError(
-            f"features_on must be 'memory' or 'disk', got {features_on!r}"
-        )
-    if root.exists() and not root.is_dir():
-        raise DatasetError(f"dataset root {str(root)!r} is a file, not a "
-                           f"folder; pass a folder as --root")
-    if not root.is_dir():
-        raise DatasetError(
-            f"dataset root {str(root)!r} does not exist; create it "
-            f"(mkdir -p {root}) or pass an existing --root"
-        )
+    _check_request(name, root, features_on)
     if name in SPECS:
         folder = make_synthetic(name, root, progress=progress)
         check_synthetic_features(folder)
@@ -158,6 +143,32 @@ def load(
         if dataset.split[part].numel() == 0:
             raise DatasetError(f"dataset {name} has an empty {part} split")
     return dataset
+
+
+def _check_request(name: str, root: Path, features_on: str) -> None:
+    """Refuse an unknown name, a bad ``features_on`` or a missing root.
+
+    Raises
+    ------
+    DatasetError
+        One line naming the bad value and what is accepted.
+    """
+    if name not in known_datasets():
+        raise DatasetError(
+            f"unknown dataset {name!r}; known: {', '.join(known_datasets())}"
+        )
+    if features_on not in ("memory", "disk"):
+        raise DatasetError(
+            f"features_on must be 'memory' or 'disk', got {features_on!r}"
+        )
+    if root.exists() and not root.is_dir():
+        raise DatasetError(f"dataset root {str(root)!r} is a file, not a "
+                           f"folder; pass a folder as --root")
+    if not root.is_dir():
+        raise DatasetError(
+            f"dataset root {str(root)!r} does not exist; create it "
+            f"(mkdir -p {root}) or pass an existing --root"
+        )
 
 
 def _load_streamed(name: str, root: Path, features_on: str, verify: bool,

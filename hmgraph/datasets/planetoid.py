@@ -66,19 +66,7 @@ def read_planetoid(name: str, folder: str | Path) -> dict:
         A file names anything but numpy arrays, CSR matrices and lists
         (a crafted pickle): refused before it can run.
     """
-    folder = Path(folder)
-    parts = {}
-    for part in _PARTS:
-        path = folder / f"ind.{name}.{part}"
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"Planetoid file {path} is missing; {name} needs "
-                f"ind.{name}.{{{','.join(_PARTS)},test.index}}"
-            )
-        parts[part] = load_pickle(path, _GLOBALS, "Planetoid file",
-                                  encoding="latin1")
-    index_path = folder / f"ind.{name}.test.index"
-    test_index = np.loadtxt(index_path, dtype=np.int64).reshape(-1)
+    parts, test_index = _read_parts(name, Path(folder))
     test_sorted = np.sort(test_index)
 
     tx, ty = parts["tx"], parts["ty"]
@@ -102,23 +90,7 @@ def read_planetoid(name: str, folder: str | Path) -> dict:
     label = onehot.argmax(axis=1).astype(np.int64)
 
     num_nodes = feat.shape[0]
-    adjacency = parts["graph"]
-    src = np.fromiter(
-        (u for u, vs in adjacency.items() for _ in vs), dtype=np.int64
-    )
-    dst = np.fromiter(
-        (v for vs in adjacency.values() for v in vs), dtype=np.int64
-    )
-    if src.size and max(src.max(), dst.max()) >= num_nodes:
-        raise ValueError(
-            f"ind.{name}.graph names node {max(src.max(), dst.max())}, but "
-            f"there are {num_nodes} feature rows"
-        )
-    keep = src != dst
-    pairs = np.unique(np.stack([
-        np.concatenate([src[keep], dst[keep]]),
-        np.concatenate([dst[keep], src[keep]]),
-    ]), axis=1)
+    pairs = _edges(name, parts["graph"], num_nodes)
     num_train = len(parts["y"])
     return {
         "src": pairs[0],
@@ -131,3 +103,54 @@ def read_planetoid(name: str, folder: str | Path) -> dict:
         "valid": torch.arange(num_train, num_train + 500),
         "test": torch.from_numpy(test_sorted),
     }
+
+
+def _read_parts(name: str, folder: Path) -> tuple[dict, np.ndarray]:
+    """The ``ind.<name>.*`` pickles and the test ids, in file order.
+
+    Raises
+    ------
+    FileNotFoundError
+        A file is missing; the message names every file needed.
+    """
+    parts = {}
+    for part in _PARTS:
+        path = folder / f"ind.{name}.{part}"
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"Planetoid file {path} is missing; {name} needs "
+                f"ind.{name}.{{{','.join(_PARTS)},test.index}}"
+            )
+        parts[part] = load_pickle(path, _GLOBALS, "Planetoid file",
+                                  encoding="latin1")
+    index_path = folder / f"ind.{name}.test.index"
+    test_index = np.loadtxt(index_path, dtype=np.int64).reshape(-1)
+    return parts, test_index
+
+
+def _edges(name: str, adjacency: dict, num_nodes: int) -> np.ndarray:
+    """The (2, E) edges of ``adjacency``, both directions, no self-loops.
+
+    Sorted by source, then destination; each pair once.
+
+    Raises
+    ------
+    ValueError
+        The adjacency names a node beyond the ``num_nodes`` feature rows.
+    """
+    src = np.fromiter(
+        (u for u, vs in adjacency.items() for _ in vs), dtype=np.int64
+    )
+    dst = np.fromiter(
+        (v for vs in adjacency.values() for v in vs), dtype=np.int64
+    )
+    if src.size and max(src.max(), dst.max()) >= num_nodes:
+        raise ValueError(
+            f"ind.{name}.graph names node {max(src.max(), dst.max())}, but "
+            f"there are {num_nodes} feature rows"
+        )
+    keep = src != dst
+    return np.unique(np.stack([
+        np.concatenate([src[keep], dst[keep]]),
+        np.concatenate([dst[keep], src[keep]]),
+    ]), axis=1)

@@ -106,23 +106,8 @@ def permuted(dataset: NodeDataset, perm: torch.Tensor, tag: str,
     base = dataset.info.get("perm")
     total = perm if base is None else base[perm]
     # (2) The feature file, rewritten from the dataset's own file unless
-    # the cached one was derived from this very source and order, and is
-    # whole (its record, written last, names all three). The folder is
-    # named by that identity; one process writes it, the others wait.
-    identity = {"source": str(Path(dataset.feature_path).name),
-                "source_checksum": read_manifest(
-                    dataset.feature_path).checksum,
-                "perm_sha256": hashlib.sha256(
-                    total.numpy().tobytes()).hexdigest()}
-    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode())
-    folder = Path(dataset.feature_path).parent / \
-        f"renumbered-{tag}-{digest.hexdigest()[:DIGEST_CHARS]}"
-    reused = _derived(folder, identity)
-    if not reused:
-        with exclusive_lock(folder / ".lock", folder):
-            reused = _derived(folder, identity)  # another run's, meanwhile
-            if not reused:
-                _derive(dataset.feature_path, folder, perm, total, identity)
+    # the cached one was derived from this very source and order.
+    folder, reused = _rewritten(dataset.feature_path, perm, total, tag)
     target = folder / FEATURE_FILE
     if verify and reused:
         verify_feature_file(target)
@@ -135,6 +120,36 @@ def permuted(dataset: NodeDataset, perm: torch.Tensor, tag: str,
         dataset, graph=graph, labels=dataset.labels[perm], split=split,
         feature_path=target, info=info,
     )
+
+
+def _rewritten(source: Path, perm: torch.Tensor, total: torch.Tensor,
+               tag: str) -> tuple[Path, bool]:
+    """The folder of ``source`` rewritten in the order ``perm``.
+
+    Reused when the cached one was derived from this very source and
+    order (``total``, to the original ids) and is whole: its record,
+    written last, names all three. The folder is named by that identity;
+    one process writes it, the others wait.
+
+    Returns
+    -------
+    tuple
+        ``(folder, reused)``: the folder and whether it was there.
+    """
+    identity = {"source": str(Path(source).name),
+                "source_checksum": read_manifest(source).checksum,
+                "perm_sha256": hashlib.sha256(
+                    total.numpy().tobytes()).hexdigest()}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode())
+    folder = Path(source).parent / \
+        f"renumbered-{tag}-{digest.hexdigest()[:DIGEST_CHARS]}"
+    reused = _derived(folder, identity)
+    if not reused:
+        with exclusive_lock(folder / ".lock", folder):
+            reused = _derived(folder, identity)  # another run's, meanwhile
+            if not reused:
+                _derive(source, folder, perm, total, identity)
+    return folder, reused
 
 
 DERIVED_RECORD = "derived.json"

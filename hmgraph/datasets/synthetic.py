@@ -183,15 +183,68 @@ def generate_graph(spec: SynthSpec) -> dict[str, np.ndarray]:
     """
     rng = np.random.default_rng(spec.seed)
     n = spec.num_nodes
+    # (1)-(5) Communities, edges, labels and the classes' centres.
+    community, bounds = _communities(spec, rng)
+    key = _edge_keys(spec, rng, community, bounds)
+    label, centroid = _labels(spec, rng, community, len(bounds) - 1)
 
-    # (1) Communities as contiguous ranges of the internal order.
+    # (6) Shuffle ids so communities are not id ranges; split.
+    perm = rng.permutation(n)  # internal id -> public id
+    inverse = np.empty(n, dtype=np.int64)
+    inverse[perm] = np.arange(n)
+    edge_index = np.empty((2, key.size), dtype=np.int64)
+    for start in range(0, key.size, _EDGE_CHUNK):
+        part = key[start:start + _EDGE_CHUNK]
+        edge_index[0, start:start + part.size] = perm[part // n]
+        edge_index[1, start:start + part.size] = perm[part % n]
+    del key
+    order = rng.permutation(n)
+    num_train = int(n * spec.train_frac)
+    num_valid = int(n * spec.valid_frac)
+    end = n if spec.test_frac is None else min(
+        n, num_train + num_valid + int(n * spec.test_frac))
+    return {
+        "edge_index": edge_index,
+        "label": label[inverse].astype(np.int64),
+        "community": community[inverse].astype(np.int64),
+        "centroid": centroid,
+        "train": np.sort(order[:num_train]),
+        "valid": np.sort(order[num_train:num_train + num_valid]),
+        "test": np.sort(order[num_train + num_valid:end]),
+    }
+
+
+def _communities(spec: SynthSpec,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(1) Communities as contiguous ranges of the internal order.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``(community, bounds)``: the community of every internal id and
+        the ``num_communities + 1`` range bounds.
+    """
+    n = spec.num_nodes
     sizes = rng.lognormal(0.0, 0.5, size=2 * n // spec.community_size + 2)
     sizes = np.maximum(1, sizes / sizes.mean() * spec.community_size)
     bounds = np.concatenate([[0], np.cumsum(sizes.astype(np.int64))])
     bounds = bounds[bounds < n]
     bounds = np.append(bounds, n)
+    community = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+    return community, bounds
+
+
+def _edge_keys(spec: SynthSpec, rng: np.random.Generator,
+               community: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """(2)-(4) The undirected edges, keys ``lo * n + hi`` (internal ids).
+
+    Ends are drawn with power-law weights; the second end inside the
+    first's community (``p_intra``), a nearby one (``p_near``) or
+    anywhere. Sorted, without duplicates or self-loops, at most
+    ``num_nodes * avg_degree / 2`` of them.
+    """
+    n = spec.num_nodes
     num_comms = len(bounds) - 1
-    community = np.repeat(np.arange(num_comms), np.diff(bounds))
 
     # (2) Power-law node weights and their running sums.
     u = rng.random(n)
@@ -233,43 +286,34 @@ def generate_graph(spec: SynthSpec) -> dict[str, np.ndarray]:
     del key_parts
     if key.size > num_pairs:
         key = np.sort(rng.choice(key, size=num_pairs, replace=False))
+    return key
 
-    # (5) Labels from communities; the feature centres of the classes.
+
+def _labels(spec: SynthSpec, rng: np.random.Generator,
+            community: np.ndarray,
+            num_comms: int) -> tuple[np.ndarray, np.ndarray]:
+    """(5) Labels from communities; the feature centres of the classes.
+
+    Every community draws a class (the first ``num_classes`` communities
+    one class each), ``label_noise`` of the nodes a random one.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``(label, centroid)``: the label of every internal id and the
+        (num_classes, feat_dim) float32 class centres.
+    """
     comm_class = rng.integers(0, spec.num_classes, size=num_comms)
     comm_class[: spec.num_classes] = rng.permutation(spec.num_classes)[
         : min(spec.num_classes, num_comms)
     ]
     label = comm_class[community]
-    noisy = rng.random(n) < spec.label_noise
+    noisy = rng.random(spec.num_nodes) < spec.label_noise
     label[noisy] = rng.integers(0, spec.num_classes, size=int(noisy.sum()))
     centroid = rng.standard_normal(
         (spec.num_classes, spec.feat_dim), dtype=np.float32
     )
-
-    # (6) Shuffle ids so communities are not id ranges; split.
-    perm = rng.permutation(n)  # internal id -> public id
-    inverse = np.empty(n, dtype=np.int64)
-    inverse[perm] = np.arange(n)
-    edge_index = np.empty((2, key.size), dtype=np.int64)
-    for start in range(0, key.size, _EDGE_CHUNK):
-        part = key[start:start + _EDGE_CHUNK]
-        edge_index[0, start:start + part.size] = perm[part // n]
-        edge_index[1, start:start + part.size] = perm[part % n]
-    del key
-    order = rng.permutation(n)
-    num_train = int(n * spec.train_frac)
-    num_valid = int(n * spec.valid_frac)
-    end = n if spec.test_frac is None else min(
-        n, num_train + num_valid + int(n * spec.test_frac))
-    return {
-        "edge_index": edge_index,
-        "label": label[inverse].astype(np.int64),
-        "community": community[inverse].astype(np.int64),
-        "centroid": centroid,
-        "train": np.sort(order[:num_train]),
-        "valid": np.sort(order[num_train:num_train + num_valid]),
-        "test": np.sort(order[num_train + num_valid:end]),
-    }
+    return label, centroid
 
 
 def feature_rows(spec: SynthSpec, label: np.ndarray, centroid: np.ndarray,
@@ -431,7 +475,6 @@ def make_synthetic(name: str, root: str | os.PathLike,
         ``split/``, ``mapping/``; ``hmgraph/node-feat.bin``).
     """
     # Lazy: ogb takes 3 s to import; a generated set is written once.
-    from ogb.io import DatasetSaver
     from ogb.nodeproppred import DglNodePropPredDataset
 
     spec = SPECS[name]
@@ -451,39 +494,7 @@ def make_synthetic(name: str, root: str | os.PathLike,
         data = generate_graph(spec)
         quiet = _Quiet()
         with quiet:
-            saver = DatasetSaver(
-                ogb_name(name), is_hetero=False, version=1,
-                root=str(work / "build"),
-            )
-            graph = {
-                "edge_index": data.pop("edge_index"),
-                "num_nodes": spec.num_nodes,
-                "node_feat": None,
-                "edge_feat": None,
-            }
-            saver.save_graph_list([graph])
-            num_edges = graph["edge_index"].shape[1]
-            del graph
-            saver.save_target_labels(data["label"].reshape(-1, 1))
-            saver.save_split(
-                {k: data[k] for k in ("train", "valid", "test")},
-                split_name="random",
-            )
-            mapping = work / "mapping"
-            mapping.mkdir()
-            (mapping / "README.md").write_text(
-                f"# {name}\n\nSynthetic graph generated by hmgraph with "
-                f"{json.dumps(asdict(spec))}.\nNode ids are the dataset's "
-                f"own; community.npy holds each node's community.\n"
-            )
-            np.save(mapping / "community.npy", data["community"])
-            saver.copy_mapping_dir(str(mapping))
-            saver.save_task_info(
-                "multiclass classification", "acc",
-                num_classes=spec.num_classes,
-            )
-            meta = saver.get_meta_dict()
-        built = Path(saver.dataset_dir)
+            built, meta, num_edges = _save_ogb(name, spec, data, work)
         # (7) Features straight into the feature file, block by block.
         manifest = write_features(spec, data["label"], data["centroid"],
                                   feature_path(built), progress=progress)
@@ -507,6 +518,57 @@ def make_synthetic(name: str, root: str | os.PathLike,
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return folder
+
+
+def _save_ogb(name: str, spec: SynthSpec, data: dict,
+              work: Path) -> tuple[Path, dict, int]:
+    """Write ``data``'s graph, labels, split and mapping in OGB's layout.
+
+    Through `ogb.io.DatasetSaver` under ``work/build``; the community of
+    every node goes into ``mapping/community.npy``. Pops
+    ``data["edge_index"]`` (it is not needed after).
+
+    Returns
+    -------
+    tuple
+        ``(folder, meta, num_edges)``: the dataset's folder, OGB's meta
+        dict and the number of undirected edges written.
+    """
+    # Lazy: ogb takes 3 s to import; a generated set is written once.
+    from ogb.io import DatasetSaver
+
+    saver = DatasetSaver(
+        ogb_name(name), is_hetero=False, version=1,
+        root=str(work / "build"),
+    )
+    graph = {
+        "edge_index": data.pop("edge_index"),
+        "num_nodes": spec.num_nodes,
+        "node_feat": None,
+        "edge_feat": None,
+    }
+    saver.save_graph_list([graph])
+    num_edges = graph["edge_index"].shape[1]
+    del graph
+    saver.save_target_labels(data["label"].reshape(-1, 1))
+    saver.save_split(
+        {k: data[k] for k in ("train", "valid", "test")},
+        split_name="random",
+    )
+    mapping = work / "mapping"
+    mapping.mkdir()
+    (mapping / "README.md").write_text(
+        f"# {name}\n\nSynthetic graph generated by hmgraph with "
+        f"{json.dumps(asdict(spec))}.\nNode ids are the dataset's "
+        f"own; community.npy holds each node's community.\n"
+    )
+    np.save(mapping / "community.npy", data["community"])
+    saver.copy_mapping_dir(str(mapping))
+    saver.save_task_info(
+        "multiclass classification", "acc",
+        num_classes=spec.num_classes,
+    )
+    return Path(saver.dataset_dir), saver.get_meta_dict(), num_edges
 
 
 def _remove_stale_builds(root: Path, stem: str) -> None:

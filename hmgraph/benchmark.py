@@ -424,15 +424,45 @@ def dgl_epoch(graph, seeds, sampler, features, labels, model=None,
                                         batch_size=batch_size, shuffle=True,
                                         num_workers=num_workers)
     total = min(max_batches or len(loader), len(loader))
-    memmap = isinstance(features, np.ndarray)
     if model is not None:
         model.train()
-    n = {"batches": 0, "input_rows": 0, "output_rows": 0, "input_bytes": 0}
-    loss, first, capped = 0.0, None, False
     before = read_bytes()
     bar = progress(total, desc, progress_bar)
     start = time.perf_counter()
     batches = iter(loader)
+    n, loss, first, capped = _time_batches(
+        batches, total, features, labels, model, optimizer, seconds,
+        start, max_seconds, bar)
+    seconds["epoch"] = time.perf_counter() - start
+    bar.close()
+    del batches
+    return dict(n, seconds=seconds, capped=capped, epoch_batches=len(loader),
+                seconds_per_batch=seconds["epoch"] / max(n["batches"], 1),
+                first_sample_seconds=first or 0.0,
+                mean_loss=loss / max(n["batches"], 1),
+                read_bytes=read_bytes() - before)
+
+
+def _time_batches(batches, total: int, features, labels, model, optimizer,
+                  seconds: dict, start: float, max_seconds: float,
+                  bar) -> tuple:
+    """Take ``total`` batches of DGL's loader, each step timed.
+
+    Adds each batch's ``sample``, ``fetch`` and ``train`` seconds to
+    ``seconds``; stops early once ``max_seconds`` (0: no cap) have passed
+    since ``start``.
+
+    Returns
+    -------
+    tuple
+        ``(counts, loss, first, capped)``: ``batches``, ``input_rows``,
+        ``output_rows`` and ``input_bytes``; the summed loss; the first
+        batch's sampling seconds (None without a batch); whether the cap
+        stopped it.
+    """
+    memmap = isinstance(features, np.ndarray)
+    n = {"batches": 0, "input_rows": 0, "output_rows": 0, "input_bytes": 0}
+    loss, first, capped = 0.0, None, False
     while n["batches"] < total:
         if max_seconds and time.perf_counter() - start > max_seconds:
             capped = True
@@ -456,14 +486,7 @@ def dgl_epoch(graph, seeds, sampler, features, labels, model=None,
         n["output_rows"] += int(output_nodes.numel())
         n["input_bytes"] += x.numel() * x.element_size()
         bar.update(1)
-    seconds["epoch"] = time.perf_counter() - start
-    bar.close()
-    del batches
-    return dict(n, seconds=seconds, capped=capped, epoch_batches=len(loader),
-                seconds_per_batch=seconds["epoch"] / max(n["batches"], 1),
-                first_sample_seconds=first or 0.0,
-                mean_loss=loss / max(n["batches"], 1),
-                read_bytes=read_bytes() - before)
+    return n, loss, first, capped
 
 
 def dgl_baseline(data, settings, features: str = "memory", *, seeds=None,

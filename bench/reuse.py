@@ -163,8 +163,10 @@ def report(result: dict) -> str:
         "Device memory: reuse buffers and id table, and the static tier's "
         "rows. H2D: rows not served on the device. Storage: feature file "
         "bytes read in the epoch (static fill: `warm_storage`). Reuse work:"
-        " batch reuse's time but the reads below it, in the fetch thread, "
-        f"over the epoch (engine: {engines or '-'}). Construct: profiling, "
+        " batch reuse's time but the reads below it (which write the rest "
+        "of a batch into it where the cache below reads in place, "
+        "`FeatureCache.read_into`), in the fetch thread, over the epoch "
+        f"(engine: {engines or '-'}). Construct: profiling, "
         "plan, static fill; "
         "amortized: (construct + N x epoch) / (N x no reuse's epoch), N = "
         f"{c['amortize_epochs']}.", "",

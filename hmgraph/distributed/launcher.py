@@ -148,37 +148,13 @@ def launch(parts_dir: str | os.PathLike, trainers: int, settings: dict, *,
             f"trainers={trainers!r} must be a positive multiple of the "
             f"{num_parts} parts in {parts_dir}"
         )
-    with open(info["config"]) as f:
-        config = json.load(f)
     remove_leftovers()
     owned = tempfile.TemporaryDirectory(
         prefix=f"{_WORK_PREFIX}{os.getpid()}-") if workdir is None else None
     work = Path(workdir or owned.name)
     work.mkdir(parents=True, exist_ok=True)
-    ip_config = work / "ip_config.txt"
-    ip_config.write_text("".join(f"127.0.0.1 {free_port()}\n"
-                                 for _ in range(num_parts)))
-    job = {
-        **settings,
-        "parts_dir": str(Path(parts_dir).resolve()),
-        "part_config": str(Path(info["config"]).resolve()),
-        "ip_config": str(ip_config),
-        "num_parts": num_parts,
-        "trainers": trainers,
-        "node_map": config["node_map"]["_N"],
-        "num_classes": info["dataset"]["num_classes"],
-        # Rendezvous through a file: no listening socket beyond DGL's
-        # servers (on 127.0.0.1) and gloo's pairs (on the loopback).
-        "store": str(work / "rendezvous"),
-        "launcher_pid": os.getpid(),
-        "result": str(work / "result.json"),
-        "done": str(work / "done-{rank}"),
-    }
+    job, job_path = _write_job(work, parts_dir, info, trainers, settings)
     done = [Path(job["done"].format(rank=r)) for r in range(trainers)]
-    for path in done:  # an earlier job's, in a reused workdir
-        path.unlink(missing_ok=True)
-    job_path = work / "job.json"
-    job_path.write_text(json.dumps(job, indent=2))
     env = dict(os.environ, OMP_NUM_THREADS=str(settings.get("threads", 1)))
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     command = [sys.executable, "-m", "hmgraph.distributed.worker"]
@@ -213,6 +189,49 @@ def launch(parts_dir: str | os.PathLike, trainers: int, settings: dict, *,
 
 
 _WORK_PREFIX = "hmgraph-dist-"
+
+
+def _write_job(work: Path, parts_dir, info: dict, trainers: int,
+               settings: dict) -> tuple[dict, Path]:
+    """Write the job's ip_config and job file into ``work``.
+
+    The job is ``settings`` plus what every worker needs to find the
+    others: the partition's files, DGL's ip_config (one free port on
+    127.0.0.1 per part), the rendezvous file, the result and ``done``
+    file names. ``done`` files of an earlier job in ``work`` are removed.
+
+    Returns
+    -------
+    tuple
+        ``(job, job_path)``: the job dict and its JSON file.
+    """
+    num_parts = info["num_parts"]
+    with open(info["config"]) as f:
+        config = json.load(f)
+    ip_config = work / "ip_config.txt"
+    ip_config.write_text("".join(f"127.0.0.1 {free_port()}\n"
+                                 for _ in range(num_parts)))
+    job = {
+        **settings,
+        "parts_dir": str(Path(parts_dir).resolve()),
+        "part_config": str(Path(info["config"]).resolve()),
+        "ip_config": str(ip_config),
+        "num_parts": num_parts,
+        "trainers": trainers,
+        "node_map": config["node_map"]["_N"],
+        "num_classes": info["dataset"]["num_classes"],
+        # Rendezvous through a file: no listening socket beyond DGL's
+        # servers (on 127.0.0.1) and gloo's pairs (on the loopback).
+        "store": str(work / "rendezvous"),
+        "launcher_pid": os.getpid(),
+        "result": str(work / "result.json"),
+        "done": str(work / "done-{rank}"),
+    }
+    for rank in range(trainers):  # an earlier job's, in a reused workdir
+        Path(job["done"].format(rank=rank)).unlink(missing_ok=True)
+    job_path = work / "job.json"
+    job_path.write_text(json.dumps(job, indent=2))
+    return job, job_path
 
 
 def _terminate(signum, frame):

@@ -84,62 +84,23 @@ def run_server(job: dict, rank: int) -> None:
 def run_trainer(job: dict, rank: int) -> None:
     # Lazy: DGL, the loader and the models (see run_server).
     import dgl
-    from dgl.data.utils import load_tensors
     from dgl.distributed import DistGraph, load_partition_book
 
-    from hmgraph.distributed.loopback import emulate_machine
     from hmgraph.distributed.sampling import LockedNeighborSampler
     from hmgraph.loader import DataLoader
-    from hmgraph.models import build_model
 
-    torch.set_num_threads(job.get("threads", 1))
-    world = job["trainers"]
-    num_parts = job["num_parts"]
-    per_part = world // num_parts
-    part = rank // per_part
-    local_rank = rank % per_part
-    emulate_machine(part, str(job["launcher_pid"]))
-    dgl.distributed.initialize(job["ip_config"])
-    dist.init_process_group(
-        "nccl" if job["device"].startswith("cuda") else "gloo",
-        init_method=f"file://{job['store']}",
-        rank=rank, world_size=world,
-    )
-    device = torch.device(job["device"])
-    if device.type == "cuda":
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
+    # (1) Join the job: DGL's servers, torch.distributed, the device.
+    part, local_rank, per_part, device = _join(job, rank)
     gpb, graph_name, _, _ = load_partition_book(job["part_config"], part)
     graph = DistGraph(graph_name, gpb=gpb)
-    part_dir = Path(job["parts_dir"]) / f"part{part}"
-    start = int(job["node_map"][part][0])
     lock = threading.Lock()
-
-    # The part's own vertices' tensors (DGL's node_feat.dgl), read once.
-    owned = load_tensors(str(part_dir / "node_feat.dgl"))
-
-    def mine(mask_name):
-        mask = owned[f"_N/{mask_name}"].bool()
-        ids = torch.nonzero(mask).flatten() + start
-        return ids[local_rank::per_part]
-
-    train_ids, valid_ids, test_ids = (
-        mine("train_mask"), mine("valid_mask"), mine("test_mask"))
-    features = PartitionFeature(part_dir, graph.ndata["feat"], lock)
-    labels = PartLabels(owned["_N/label"].long(), start,
-                        graph.ndata["label"], lock)
+    # (2) The part's seeds, features and labels; the sampler and model.
+    (train_ids, valid_ids, test_ids), features, labels = _part_data(
+        job, part, local_rank, per_part, graph, lock)
     fanouts = job["fanouts"]
     sampler = LockedNeighborSampler(fanouts, lock, gpb, part)
-    torch.manual_seed(job["seed"])
-    model = build_model(
-        job["model"], features.row_shape[0], job["hidden"],
-        job["num_classes"], num_layers=len(fanouts),
-        dropout=job["dropout"], num_heads=job.get("num_heads", 4),
-    ).to(device)
-    model = DistributedDataParallel(
-        model, device_ids=[device] if device.type == "cuda" else None)
-    optimizer = torch.optim.Adam(model.parameters(), lr=job["lr"],
-                                 weight_decay=job.get("weight_decay", 0.0))
+    model, optimizer = _model(job, features.row_shape[0], len(fanouts),
+                              device)
     feature_bytes = features.row_bytes * features.num_rows
     cache = None if job["cache"] == "none" else job["cache"]
     loader = DataLoader(
@@ -151,31 +112,19 @@ def run_trainer(job: dict, rank: int) -> None:
         prefetch=job.get("prefetch", 2), device=device,
         seed=job["seed"] + rank,
     )
-    log_every = job.get("log_every", 0)
+    # (3) The epochs, each scored on valid and test.
     epochs, best = [], None
     for epoch in range(job["epochs"]):
         loader.set_epoch(epoch)
         dgl.seed(job["seed"] + rank + epoch)
         loader.stats.reset()  # resets features.stats too (the bottom tier)
         sampler.stats.reset()
-        model.train()
         began = time.perf_counter()
-        total_loss, seen = 0.0, 0
-        with model.join():
-            for index, batch in enumerate(loader):
-                logits = model(batch.blocks, batch.x)
-                loss = F.cross_entropy(logits, batch.y)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                total_loss += float(loss) * batch.y.numel()
-                seen += batch.y.numel()
-                if log_every and index % log_every == 0:
-                    print(f"trainer {rank}: epoch {epoch} batch {index} "
-                          f"loss {float(loss):.4f}", flush=True)
+        loss = _train_epoch(model, optimizer, loader, rank, epoch,
+                            job.get("log_every", 0))
         record = {
             "epoch": epoch,
-            "loss": total_loss / max(1, seen),
+            "loss": loss,
             "seconds": time.perf_counter() - began,
             "loader": loader.stats.as_dict(),
             "features": features.stats.as_dict(),
@@ -192,22 +141,14 @@ def run_trainer(job: dict, rank: int) -> None:
         if best is None or record["valid"] > best["valid"]:
             best = record
     loader.close()
-    scores = {"valid": best["valid"], "test": best["test"],
-              "epoch": best["epoch"]}
-    record = {
+    # (4) Rank 0 writes the job's result; every trainer leaves.
+    _write_result(job, rank, best, {
         "rank": rank,
         "part": part,
         "train_vertices": int(train_ids.numel()),
         "epochs": epochs,
         "plan": loader.plan.as_dict(),
-    }
-    records = [None] * world
-    dist.all_gather_object(records, record)
-    if rank == 0:
-        result = {"accuracy": scores, "trainers": records}
-        tmp = Path(job["result"]).with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=2))
-        os.replace(tmp, job["result"])
+    })
     features.close()
     dist.barrier()
     dist.destroy_process_group()
@@ -216,6 +157,136 @@ def run_trainer(job: dict, rank: int) -> None:
     done = Path(job["done"].format(rank=rank))
     done.with_suffix(".tmp").write_text("done\n")
     os.replace(done.with_suffix(".tmp"), done)
+
+
+def _join(job: dict, rank: int) -> tuple:
+    """Connect trainer ``rank`` to DGL's servers and to the other trainers.
+
+    Returns
+    -------
+    tuple
+        ``(part, local_rank, per_part, device)``: the part it trains on,
+        its rank among that part's ``per_part`` trainers and its device
+        (``cuda:local_rank`` modulo the GPUs when the job asks for cuda).
+    """
+    # Lazy: DGL (see run_server).
+    import dgl
+
+    from hmgraph.distributed.loopback import emulate_machine
+
+    torch.set_num_threads(job.get("threads", 1))
+    world = job["trainers"]
+    per_part = world // job["num_parts"]
+    part = rank // per_part
+    local_rank = rank % per_part
+    emulate_machine(part, str(job["launcher_pid"]))
+    dgl.distributed.initialize(job["ip_config"])
+    dist.init_process_group(
+        "nccl" if job["device"].startswith("cuda") else "gloo",
+        init_method=f"file://{job['store']}",
+        rank=rank, world_size=world,
+    )
+    device = torch.device(job["device"])
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    return part, local_rank, per_part, device
+
+
+def _part_data(job: dict, part: int, local_rank: int, per_part: int,
+               graph, lock: threading.Lock) -> tuple:
+    """This trainer's seeds and its part's features and labels.
+
+    Returns
+    -------
+    tuple
+        ``((train_ids, valid_ids, test_ids), features, labels)``: every
+        ``per_part``-th vertex of each split the part owns, from
+        ``local_rank`` on (global ids); a `PartitionFeature` and
+        `PartLabels` over the `DistGraph` ``graph``.
+    """
+    # Lazy: DGL (see run_server).
+    from dgl.data.utils import load_tensors
+
+    part_dir = Path(job["parts_dir"]) / f"part{part}"
+    start = int(job["node_map"][part][0])
+    # The part's own vertices' tensors (DGL's node_feat.dgl), read once.
+    owned = load_tensors(str(part_dir / "node_feat.dgl"))
+
+    def mine(mask_name):
+        mask = owned[f"_N/{mask_name}"].bool()
+        ids = torch.nonzero(mask).flatten() + start
+        return ids[local_rank::per_part]
+
+    ids = (mine("train_mask"), mine("valid_mask"), mine("test_mask"))
+    features = PartitionFeature(part_dir, graph.ndata["feat"], lock)
+    labels = PartLabels(owned["_N/label"].long(), start,
+                        graph.ndata["label"], lock)
+    return ids, features, labels
+
+
+def _model(job: dict, in_feats: int, num_layers: int, device) -> tuple:
+    """The job's model in `DistributedDataParallel`, and its optimizer.
+
+    Seeded with ``job["seed"]`` first, so every trainer starts alike.
+    """
+    # Lazy: the models load DGL (see run_server).
+    from hmgraph.models import build_model
+
+    torch.manual_seed(job["seed"])
+    model = build_model(
+        job["model"], in_feats, job["hidden"], job["num_classes"],
+        num_layers=num_layers, dropout=job["dropout"],
+        num_heads=job.get("num_heads", 4),
+    ).to(device)
+    model = DistributedDataParallel(
+        model, device_ids=[device] if device.type == "cuda" else None)
+    optimizer = torch.optim.Adam(model.parameters(), lr=job["lr"],
+                                 weight_decay=job.get("weight_decay", 0.0))
+    return model, optimizer
+
+
+def _train_epoch(model, optimizer, loader, rank: int, epoch: int,
+                 log_every: int) -> float:
+    """One epoch over ``loader``; the mean loss per output vertex.
+
+    Under DDP's ``join``, so trainers with fewer batches than others do
+    not stall the gradients' all-reduce; every ``log_every`` batches (0:
+    never) a line of the loss.
+    """
+    model.train()
+    total_loss, seen = 0.0, 0
+    with model.join():
+        for index, batch in enumerate(loader):
+            logits = model(batch.blocks, batch.x)
+            loss = F.cross_entropy(logits, batch.y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total_loss += float(loss) * batch.y.numel()
+            seen += batch.y.numel()
+            if log_every and index % log_every == 0:
+                print(f"trainer {rank}: epoch {epoch} batch {index} "
+                      f"loss {float(loss):.4f}", flush=True)
+    return total_loss / max(1, seen)
+
+
+def _write_result(job: dict, rank: int, best: dict, record: dict) -> None:
+    """Gather every trainer's ``record``; rank 0 writes the job's result.
+
+    The result file holds ``accuracy`` (valid, test and epoch of ``best``,
+    the epoch of best validation accuracy) and ``trainers`` (the records
+    by rank); written to a temporary name and renamed into place.
+    """
+    scores = {"valid": best["valid"], "test": best["test"],
+              "epoch": best["epoch"]}
+    records = [None] * job["trainers"]
+    dist.all_gather_object(records, record)
+    if rank == 0:
+        result = {"accuracy": scores, "trainers": records}
+        tmp = Path(job["result"]).with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=2))
+        os.replace(tmp, job["result"])
 
 
 def _evaluate(model, graph, features, labels, ids, num_layers, lock, device):

@@ -111,6 +111,10 @@ class ClassifyConfig:
         Epoch cap and early-stopping patience (on validation).
     ratio : float or None
         Pooling ratio; None takes the model's default.
+    dropout : float or None
+        Classifier-head dropout; None takes the model's default
+        (`hmgraph.models.pooling.default_dropout`: 0 for HAP, 0.5 for
+        the baselines).
     selection : str
         How the epoch is picked (`SELECTIONS`): ``"inner"`` (inner
         k-fold over the training fold; the inner models predict
@@ -141,7 +145,7 @@ class ClassifyConfig:
     hidden: int = 64
     levels: int = 3
     ratio: float | None = None
-    dropout: float = 0.5
+    dropout: float | None = None
     lr: float = 0.001
     weight_decay: float = 0.0
     seed: int = 0
@@ -730,7 +734,7 @@ def run(config: ClassifyConfig, dataset=None) -> dict:
         (``test_mean``, ``test_std``, ``valid_mean``, ``folds_run``) and
         ``path``.
     """
-    from hmgraph.models.pooling import POOLING_MODELS
+    from hmgraph.models.pooling import POOLING_MODELS, default_dropout
 
     if config.model not in POOLING_MODELS:
         raise ValueError(f"unknown model {config.model!r}; available: "
@@ -752,6 +756,9 @@ def run(config: ClassifyConfig, dataset=None) -> dict:
     if config.smooth is None:
         config = dataclasses.replace(
             config, smooth=1 if dataset.split is not None else SMOOTH_CV)
+    if config.dropout is None:
+        config = dataclasses.replace(config,
+                                     dropout=default_dropout(config.model))
     check_model_memory(config, dataset)
     # (1) Splits: stratified folds, or the official split repeated.
     if dataset.split is not None:
@@ -978,7 +985,9 @@ def add_parser(commands):
     parser.add_argument("--ratio", type=float, default=None,
                         help="pooling ratio in (0, 1] (default: the "
                         "model's)")
-    parser.add_argument("--dropout", type=fraction, default=0.5)
+    parser.add_argument("--dropout", type=fraction, default=None,
+                        help="classifier-head dropout (default: the "
+                        "model's, 0 for hap, 0.5 for the baselines)")
     parser.add_argument("--lr", type=float, default=0.001)
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)

@@ -6,7 +6,7 @@ The harness shared by HAP (`hmgraph.models.hap`) and the pooling baselines
 classifier.
 
 Every `GraphClassifier` has the constructor ``(in_feats, hidden_feats,
-num_classes, num_levels=3, dropout=0.5, ratio=..., max_nodes=None)``,
+num_classes, num_levels=3, dropout=None, ratio=..., max_nodes=None)``,
 ``forward(graph, features) -> logits`` on a batched DGL graph
 (``dgl.batch``, on the CPU; ``features`` on any device), ``embed(graph,
 features)`` for the graph embeddings before the classifier, and an
@@ -405,7 +405,8 @@ class GraphClassifier(nn.Module):
     num_levels : int, optional
         Readouts (levels, or GIN layers). Default: ``3``.
     dropout : float, optional
-        Dropout in the classifier MLP. Default: ``0.5``.
+        Dropout in the classifier MLP. Default (None): the class's
+        ``default_dropout``, ``0.5`` (HAP: ``0.0``).
     ratio : float, optional
         Kept share of nodes (TopK, SAGPool) or clusters per node (HAP,
         DiffPool) at each pooling, in ``(0, 1]``.
@@ -414,9 +415,10 @@ class GraphClassifier(nn.Module):
     """
 
     default_ratio = 0.5
+    default_dropout = 0.5
 
     def __init__(self, in_feats, hidden_feats, num_classes, num_levels=3,
-                 dropout=0.5, ratio=None, max_nodes=None):
+                 dropout=None, ratio=None, max_nodes=None):
         super().__init__()
         for name, value in [("in_feats", in_feats),
                             ("hidden_feats", hidden_feats),
@@ -426,6 +428,7 @@ class GraphClassifier(nn.Module):
                 raise ValueError(
                     f"{name} must be a positive int; got {value!r}")
         ratio = self.default_ratio if ratio is None else ratio
+        dropout = self.default_dropout if dropout is None else dropout
         if not 0.0 < ratio <= 1.0:
             raise ValueError(f"ratio must be in (0, 1]; got {ratio!r}")
         if not 0.0 <= dropout < 1.0:

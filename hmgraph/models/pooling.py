@@ -49,6 +49,7 @@ __all__ = [
     "HAP",
     "POOLING_MODELS",
     "build_pooling_model",
+    "default_dropout",
 ]
 
 
@@ -60,7 +61,7 @@ class GIN(GraphClassifier):
     """
 
     def __init__(self, in_feats, hidden_feats, num_classes, num_levels=3,
-                 dropout=0.5, ratio=None, max_nodes=None, readout="sum"):
+                 dropout=None, ratio=None, max_nodes=None, readout="sum"):
         if readout not in ("sum", "mean"):
             raise ValueError(f"readout must be 'sum' or 'mean'; got "
                              f"{readout!r}")
@@ -112,7 +113,7 @@ class TopKPool(GraphClassifier):
     """
 
     def __init__(self, in_feats, hidden_feats, num_classes, num_levels=3,
-                 dropout=0.5, ratio=None, max_nodes=None):
+                 dropout=None, ratio=None, max_nodes=None):
         super().__init__(in_feats, hidden_feats, num_classes, num_levels,
                          dropout, ratio, max_nodes)
         dims = [in_feats] + [hidden_feats] * num_levels
@@ -161,7 +162,7 @@ class DiffPool(GraphClassifier):
     default_ratio = 0.25
 
     def __init__(self, in_feats, hidden_feats, num_classes, num_levels=3,
-                 dropout=0.5, ratio=None, max_nodes=None, max_clusters=64):
+                 dropout=None, ratio=None, max_nodes=None, max_clusters=64):
         super().__init__(in_feats, hidden_feats, num_classes, num_levels,
                          dropout, ratio, max_nodes)
         if max_nodes is None or max_nodes < 1:
@@ -223,10 +224,21 @@ POOLING_MODELS = {
     "sagpool": SAGPool,
     "diffpool": DiffPool,
 }
+#: The class behind each name (a variant's is its base class's).
+_CLASSES = {"hap-sum": HAP, "gin-mean": GIN}
+
+
+def default_dropout(name: str) -> float:
+    """The classifier-head dropout model ``name`` takes by default (see
+    `GraphClassifier`): 0 for HAP, 0.5 for the baselines."""
+    if name not in POOLING_MODELS:
+        raise ValueError(f"unknown model {name!r}; available: "
+                         f"{', '.join(sorted(POOLING_MODELS))}")
+    return _CLASSES.get(name, POOLING_MODELS[name]).default_dropout
 
 
 def build_pooling_model(name, in_feats, hidden_feats, num_classes,
-                        num_levels=3, dropout=0.5, ratio=None,
+                        num_levels=3, dropout=None, ratio=None,
                         max_nodes=None):
     """Build a graph classifier from `POOLING_MODELS` by name.
 
@@ -237,7 +249,8 @@ def build_pooling_model(name, in_feats, hidden_feats, num_classes,
         ``"hap-sum"``, ``"sagpool"``, ``"topk"``.
     in_feats, hidden_feats, num_classes, num_levels, dropout, ratio
         See `GraphClassifier`; ``ratio=None`` takes the model's default
-        (0.25 for HAP and DiffPool, 0.5 for TopK and SAGPool).
+        (0.25 for HAP and DiffPool, 0.5 for TopK and SAGPool),
+        ``dropout=None`` too (0 for HAP, 0.5 for the others).
     max_nodes : int, optional
         Nodes of the dataset's largest graph; required by DiffPool.
 

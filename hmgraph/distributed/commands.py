@@ -17,6 +17,7 @@ from hmgraph.args import (
     parse_fanouts,
     positive_int,
 )
+from hmgraph.benchmark.tables import markdown_table
 from hmgraph.cache.budget import parse_budget
 from hmgraph.cache.format import open_feature_file
 from hmgraph.cache.policies import POLICIES
@@ -184,27 +185,31 @@ def format_partition(info: dict) -> str:
     if not stats:
         return lines[0]
     lines[0] += f", edge cut {stats['edge_cut']:.3f}"
-    lines += [
-        "",
-        "| part | owned | replicated | train | remote MB/epoch | "
-        "local reads % | remote sampling % | fast-tier hit % |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for p in stats["parts"]:
         fast = p["fast_hit_rate"]
-        lines.append(
-            f"| {p['part']} | {p['owned']:,} | {p['replicated']:,} | "
-            f"{p['train']:,} | {p['remote_bytes'] / 1e6:.1f} | "
-            f"{100 * p['local_read_rate']:.1f} | "
-            f"{100 * p['remote_sampling_requests'] / max(1, p['sampling_requests']):.1f} | "  # noqa: E501
-            f"{'-' if fast is None else f'{100 * fast:.1f}'} |"
-        )
-    lines.append(
-        f"| all | | | | {stats['remote_bytes'] / 1e6:.1f} | "
-        f"{100 * (1 - stats['remote_rows'] / max(1, stats['rows_read'])):.1f}"
-        f" | {100 * stats['remote_sampling_requests'] / max(1, stats['sampling_requests']):.1f} | |"  # noqa: E501
-    )
-    return "\n".join(lines)
+        rows.append([
+            str(p["part"]), f"{p['owned']:,}", f"{p['replicated']:,}",
+            f"{p['train']:,}", f"{p['remote_bytes'] / 1e6:.1f}",
+            f"{100 * p['local_read_rate']:.1f}",
+            _percent(p["remote_sampling_requests"], p["sampling_requests"]),
+            "-" if fast is None else f"{100 * fast:.1f}",
+        ])
+    rows.append([
+        "all", "", "", "", f"{stats['remote_bytes'] / 1e6:.1f}",
+        f"{100 * (1 - stats['remote_rows'] / max(1, stats['rows_read'])):.1f}",
+        _percent(stats["remote_sampling_requests"],
+                 stats["sampling_requests"]), "",
+    ])
+    table = markdown_table(
+        ["part", "owned", "replicated", "train", "remote MB/epoch",
+         "local reads %", "remote sampling %", "fast-tier hit %"], rows)
+    return "\n".join([*lines, "", table])
+
+
+def _percent(part: int, whole: int) -> str:
+    """``100 * part / whole`` to one decimal (0 of nothing is 0.0)."""
+    return f"{100 * part / max(1, whole):.1f}"
 
 
 def partition_command(args) -> int:
@@ -270,23 +275,22 @@ def format_dist_result(result: dict) -> str:
         f"({result['settings']['trainers']} trainers, "
         f"{result['partition']['num_parts']} parts, "
         f"{result['partition']['method']})",
-        "",
-        "| trainer | part | seeds | epoch s | device hit % | host hit % | "
-        "remote rows % | remote MB | remote sampling % |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    rows = []
     for t in result["trainers"]:
         last = t["epochs"][-1]
         hit = (last["loader"].get("cache") or {}).get("hit_rate", {})
         feats, samp = last["features"], last["sampling"]
-        rows = feats["local_rows"] + feats["remote_rows"]
-        lines.append(
-            f"| {t['rank']} | {t['part']} | {t['train_vertices']:,} | "
-            f"{last['seconds']:.1f} | "
-            f"{100 * hit.get('device', 0.0):.1f} | "
-            f"{100 * hit.get('host', 0.0):.1f} | "
-            f"{100 * feats['remote_rows'] / max(1, rows):.1f} | "
-            f"{feats['remote_bytes'] / 1e6:.1f} | "
-            f"{100 * samp['remote_requests'] / max(1, samp['requests']):.1f} |"
-        )
-    return "\n".join(lines)
+        rows.append([
+            str(t["rank"]), str(t["part"]), f"{t['train_vertices']:,}",
+            f"{last['seconds']:.1f}", f"{100 * hit.get('device', 0.0):.1f}",
+            f"{100 * hit.get('host', 0.0):.1f}",
+            _percent(feats["remote_rows"],
+                     feats["local_rows"] + feats["remote_rows"]),
+            f"{feats['remote_bytes'] / 1e6:.1f}",
+            _percent(samp["remote_requests"], samp["requests"]),
+        ])
+    table = markdown_table(
+        ["trainer", "part", "seeds", "epoch s", "device hit %", "host hit %",
+         "remote rows %", "remote MB", "remote sampling %"], rows)
+    return "\n".join([*lines, "", table])

@@ -35,6 +35,7 @@ from hmgraph.cache.format import DATA_OFFSET, PAGE_BYTES
 from hmgraph.cache.plan import belady_policy, make_plan, replay_hits
 from hmgraph.cache.policies import make_policy, next_use_trace
 from hmgraph.cache.reuse import member
+from hmgraph.markdown import markdown_table
 
 log = logging.getLogger(__name__)
 
@@ -456,22 +457,19 @@ def summary_markdown(result: dict) -> str:
     """Markdown: hit rate per policy and budget, the gap of each to OPT."""
     rates = result["hit_rate"]
     budgets = list(rates["belady"])
-    head = "| policy | " + " | ".join(f"{float(b):.0%}" for b in budgets)
-    lines = [head + " |", "|---|" + "---:|" * len(budgets)]
-    for name, row in rates.items():
-        lines.append(f"| {name} | " + " | ".join(
-            f"{row[b]:.3f}" for b in budgets) + " |")
-    lines += ["", "Gap to OPT (Belady), relative: 1 - policy / OPT. Rows "
-              "with reuse are left out: their buffers hold whole batches "
-              "on top of the cache budget, so OPT of the budget is no "
-              "ceiling for them.", "",
-              head + " |", "|---|" + "---:|" * len(budgets)]
-    for name, row in rates.items():
-        if name == "belady" or "reuse" in name:
-            continue
-        lines.append(f"| {name} | " + " | ".join(
-            f"{1 - row[b] / rates['belady'][b]:.1%}"
-            if rates["belady"][b] else "-" for b in budgets) + " |")
+    headers = ["policy", *(f"{float(b):.0%}" for b in budgets)]
+    align = "l" + "r" * len(budgets)
+    gaps = [[name, *(f"{1 - row[b] / rates['belady'][b]:.1%}"
+                     if rates["belady"][b] else "-" for b in budgets)]
+            for name, row in rates.items()
+            if name != "belady" and "reuse" not in name]
+    lines = [markdown_table(headers, [
+        [name, *(f"{row[b]:.3f}" for b in budgets)]
+        for name, row in rates.items()], align),
+        "", "Gap to OPT (Belady), relative: 1 - policy / OPT. Rows with "
+        "reuse are left out: their buffers hold whole batches on top of "
+        "the cache budget, so OPT of the budget is no ceiling for them.",
+        "", markdown_table(headers, gaps, align)]
     stats = result["stats"]
     lines += ["", f"- batches: {stats['batches']}, accesses: "
               f"{stats['accesses']}, rows touched: {stats['rows_touched']}",
@@ -510,11 +508,11 @@ def _bytes_table(result: dict) -> list[str]:
             for r in result["no_cache_bytes"]}
     layouts = ("file", "hot-first")
     unit, scale = _unit(none["file", page])
-    head = "| policy | budget | " + " | ".join(
-        f"{layout} {unit} | /none | /OPT" for layout in layouts)
+    headers = ["policy", "budget", *(
+        name for layout in layouts
+        for name in (f"{layout} {unit}", "/none", "/OPT"))]
     if disk != page:
-        head += " | " + " | ".join(f"{layout} /OPT at {disk} B"
-                                   for layout in layouts)
+        headers += [f"{layout} /OPT at {disk} B" for layout in layouts]
     lines = [
         f"Storage reads per epoch (page-level view): the blocks the missed "
         f"rows need, {page // 1024} KiB pages unless marked, in the file's "
@@ -525,7 +523,8 @@ def _bytes_table(result: dict) -> list[str]:
             f"{layout} {none[layout, size] / scale:.3f} {unit}"
             f"{'' if size == page else f' at {size} B'}"
             for size in dict.fromkeys((page, disk)) for layout in layouts),
-        "", head + " |", "|---|" + "---:|" * (head.count("|") - 1)]
+        ""]
+    rows = []
     for policy, budget in dict.fromkeys(
             (r["policy"], r["budget"]) for r in result["bytes"]):
         cells = [policy, f"{100 * budget:g}%"]
@@ -537,8 +536,9 @@ def _bytes_table(result: dict) -> list[str]:
         if disk != page:
             cells += [_times(by_key[policy, budget, layout, disk]["vs_belady"])
                       for layout in layouts]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        rows.append(cells)
+    return [*lines, markdown_table(headers, rows,
+                                   "l" + "r" * (len(headers) - 1))]
 
 
 def run(args) -> dict:

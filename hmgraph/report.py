@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from hmgraph.markdown import markdown_table
+
 __all__ = ["compare", "format_result"]
 
 
@@ -41,20 +43,16 @@ def _storage(epochs: list[dict]) -> str:
 def format_result(result: dict) -> str:
     """A short human table of one training result, one row per run."""
     metric = result["metric"]
-    lines = [result["dataset"], "",
-             f"| run | best epoch | valid {metric} | test {metric} | "
-             f"epoch s | sample s | fetch s | train s |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for record in result["runs"]:
-        epochs = record["epochs"]
-        lines.append(
-            f"| {record['run']} | {record['best_epoch']} | "
-            f"{record['best_valid']:.4f} | "
-            f"{record['test_at_best_valid']:.4f} | "
-            + " | ".join(f"{mean_seconds(epochs, stage):.2f}" for stage in
-                         ("epoch", "sample", "fetch", "train"))
-            + " |"
-        )
+    stages = ("epoch", "sample", "fetch", "train")
+    rows = [[str(record["run"]), str(record["best_epoch"]),
+             f"{record['best_valid']:.4f}",
+             f"{record['test_at_best_valid']:.4f}",
+             *(f"{mean_seconds(record['epochs'], stage):.2f}"
+               for stage in stages)]
+            for record in result["runs"]]
+    lines = [result["dataset"], "", markdown_table(
+        ["run", "best epoch", f"valid {metric}", f"test {metric}",
+         *(f"{stage} s" for stage in stages)], rows, align="r" * 8)]
     s = result["summary"]
     lines += ["", f"Valid {metric}: {s['valid_mean']:.4f} ± "
               f"{s['valid_std']:.4f}",
@@ -98,22 +96,22 @@ def compare(results: list[dict]) -> str:
     str
         The table, then one line naming the best model and its margin.
     """
-    lines = ["| model | dataset | features | cache | test | epoch s | "
-             "sample s | fetch s | train s | cache hits | storage read |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---|---:|"]
+    stages = ("epoch", "sample", "fetch", "train")
+    rows = []
     for result in results:
         epochs = [e for r in result["runs"] for e in r["epochs"]]
         s = result["summary"]
         config = result["config"]
-        lines.append(
-            f"| {config['model']} | {config['dataset']} | "
-            f"{config.get('features_on', 'memory')} | "
-            f"{config.get('cache') or 'off'} | "
-            f"{s['test_mean']:.4f} ± {s['test_std']:.4f} | "
-            + " | ".join(f"{mean_seconds(epochs, stage):.2f}" for stage in
-                         ("epoch", "sample", "fetch", "train"))
-            + f" | {_hits(epochs)} | {_storage(epochs)} |"
-        )
+        rows.append([
+            config["model"], config["dataset"],
+            config.get("features_on", "memory"), config.get("cache") or "off",
+            f"{s['test_mean']:.4f} ± {s['test_std']:.4f}",
+            *(f"{mean_seconds(epochs, stage):.2f}" for stage in stages),
+            _hits(epochs), _storage(epochs)])
+    lines = [markdown_table(
+        ["model", "dataset", "features", "cache", "test",
+         *(f"{stage} s" for stage in stages), "cache hits", "storage read"],
+        rows, align="llllrrrrrlr")]
     ranked = sorted(results, key=lambda r: r["summary"]["test_mean"],
                     reverse=True)
     if len(ranked) > 1:

@@ -38,6 +38,18 @@ def test_markdown_table_formats_and_aligns():
     assert "| b | - | 1,234 |" in table
 
 
+def test_markdown_table_takes_an_alignment():
+    # A column of "-" would read as numbers: the caller says which is which.
+    rows = [["a", "-", "1.0"]]
+    table = benchmark.markdown_table(["name", "hits", "s"], rows, "llr")
+    assert table.splitlines()[1] == "|---|---|---:|"
+    assert benchmark.markdown_table(["name", "hits", "s"], rows) \
+        .splitlines()[1] == "|---|---:|---:|"
+    for bad in ("lr", "lrx"):
+        with pytest.raises(ValueError, match="one of 'l' or 'r'"):
+            benchmark.markdown_table(["name", "hits", "s"], rows, bad)
+
+
 def test_results_name_their_commit(tmp_path):
     path = benchmark.write_results({"rows": [1]}, "# Title\n\nbody\n",
                                    tmp_path / "sub" / "r.json")

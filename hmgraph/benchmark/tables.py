@@ -1,13 +1,14 @@
 """Markdown tables and the targets a benchmark judges.
 
-Every markdown table of the project goes through `markdown_table`; the
-targets (`target`) are one of them (`targets_table`). `amortized` is the
-ratio the tables print for construction spread over several epochs.
+Every markdown table of the project goes through `markdown_table`
+(`hmgraph.markdown`, free of torch; re-exported here); the targets
+(`target`) are one of them (`targets_table`). `amortized` is the ratio
+the tables print for construction spread over several epochs.
 """
 
 from __future__ import annotations
 
-import math
+from hmgraph.markdown import markdown_table
 
 __all__ = [
     "AMORTIZE_EPOCHS",
@@ -37,28 +38,6 @@ def built_note(built: str, epochs: int, ratio: float | None) -> str:
     where not None, ``ratio`` `amortized` over ``epochs``."""
     return built + (f"; amortized over {epochs} epochs {ratio:.2f}"
                     if ratio is not None else "")
-
-
-def markdown_table(headers: list[str], rows: list[list]) -> str:
-    """A markdown table; None shown as ``-``, floats to 3 significant
-    digits (at most 3 decimals), columns whose first cell reads as a
-    number right-aligned."""
-    def cell(value) -> str:
-        if value is None:
-            return "-"
-        if isinstance(value, float):
-            digits = 2 - math.floor(math.log10(abs(value))) if value else 0
-            return f"{value:,.{min(3, max(0, digits))}f}"
-        if isinstance(value, int) and not isinstance(value, bool):
-            return f"{value:,}"
-        return str(value)
-
-    first = [cell(v) for v in rows[0]] if rows else []
-    align = ["---:" if text[:1] in "0123456789-+." else "---"
-             for text in first] or ["---"] * len(headers)
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def target(number, what: str, value, op: str, limit: float,

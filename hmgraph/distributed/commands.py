@@ -17,12 +17,12 @@ from hmgraph.args import (
     parse_fanouts,
     positive_int,
 )
-from hmgraph.benchmark.tables import markdown_table
 from hmgraph.cache.budget import parse_budget
 from hmgraph.cache.format import open_feature_file
 from hmgraph.cache.policies import POLICIES
 from hmgraph.datasets import load
 from hmgraph.distributed.launcher import LaunchError, launch
+from hmgraph.markdown import markdown_table
 from hmgraph.partition import (
     METHODS,
     assign_and_count,
@@ -203,7 +203,8 @@ def format_partition(info: dict) -> str:
     ])
     table = markdown_table(
         ["part", "owned", "replicated", "train", "remote MB/epoch",
-         "local reads %", "remote sampling %", "fast-tier hit %"], rows)
+         "local reads %", "remote sampling %", "fast-tier hit %"], rows,
+        align="r" * 8)
     return "\n".join([*lines, "", table])
 
 
@@ -292,5 +293,6 @@ def format_dist_result(result: dict) -> str:
         ])
     table = markdown_table(
         ["trainer", "part", "seeds", "epoch s", "device hit %", "host hit %",
-         "remote rows %", "remote MB", "remote sampling %"], rows)
+         "remote rows %", "remote MB", "remote sampling %"], rows,
+        align="r" * 9)
     return "\n".join([*lines, "", table])

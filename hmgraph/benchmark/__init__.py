@@ -12,8 +12,9 @@ One module a part, each a page or two:
   `seeded_subset`, `dgl_baseline`, `hot_first_layout`, `loader_epoch`);
 * `process`: the process runner (`isolated`, `ConfigurationFailed`) and
   what a process used (`watch_memory`, `peak_rss_bytes`, `read_bytes`);
-* `tables`: every markdown table (`markdown_table`), the targets
-  (`target`, `targets_table`, `built_note`) and `amortized`;
+* `tables`: the targets (`target`, `targets_table`, `built_note`),
+  `amortized`, and `markdown_table` (from `hmgraph.markdown`, the one
+  helper every table of the project goes through);
 * `results`: `commit`, `environment`, `write_results`, `finish`;
 * `plots`: the stages plot of ``hmgraph bench``;
 * `metis`: METIS parts in a child process (`metis_parts`, `metis_text`).

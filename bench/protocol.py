@@ -110,6 +110,7 @@ def format_markdown(report) -> str:
              f"accuracy %, mean ± std over folds; valid: the mean of the "
              f"picked validation scores; gap = valid - test (target <= "
              f"{GAP_MAX:g} points).", "",
+             *([report["note"], ""] if report.get("note") else []),
              "| dataset | model | majority | " + " | ".join(
                  f"{v}: test / valid / gap" for v in variants) + " |",
              "|---|---|---:|" + "---:|" * len(variants)]
@@ -167,6 +168,11 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(RESULTS / "protocol.json"))
     parser.add_argument("--resume", action="store_true",
                         help="keep the cells already in --out, run the rest")
+    parser.add_argument("--merge", default="",
+                        help="only add the cells of these JSON files "
+                        "(comma-separated) to --out and rewrite its table")
+    parser.add_argument("--note", default=None,
+                        help="a paragraph for the table (kept otherwise)")
     args = parser.parse_args(argv)
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
@@ -182,6 +188,14 @@ def main(argv=None) -> int:
     if args.resume and out.is_file():
         report = json.loads(out.read_text())
     suffix = "".join(f" {k}={v:g}" for k, v in extra.items())
+    if args.note is not None:
+        report["note"] = args.note
+    if args.merge:
+        for path in args.merge.split(","):
+            report["cells"] += json.loads(Path(path).read_text())["cells"]
+        _write(report, out)
+        print(format_markdown(report), end="")
+        return 0
     done = {(c["dataset"], c["model"], c["variant"]) for c in report["cells"]}
     jobs = [(d, m, v) for d in args.datasets.split(",")
             for m in args.models.split(",") for v in variants

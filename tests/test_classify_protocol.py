@@ -139,3 +139,19 @@ def test_default_protocol_is_inner_selection_on_a_smoothed_curve(mutag,
     assert "inner stratified 3-fold CV" in result["protocol"]
     assert "trailing mean of 5 epochs" in result["protocol"]
     assert "valid_smoothed" in result["folds"][0]["history"][0]
+
+
+def test_a_last_batch_of_one_single_node_graph_joins_the_one_before():
+    """Batch norm cannot train on one node: a last batch of one graph
+    (of one node: methane in ogbg-molfreesolv) is folded into the one
+    before instead of failing."""
+    from hmgraph.classify import _Trainer
+    from hmgraph.datasets.tu import GraphDataset
+
+    data = GraphDataset.from_edges(
+        "DOTS", [], [], [1] * 5, torch.eye(3)[[0, 1, 2, 0, 1]],
+        [0, 1, 0, 1, 0], num_classes=2)
+    config = ClassifyConfig(model="gin", batch_size=4, hidden=8, levels=2)
+    trainer = _Trainer(config, data, torch.arange(5), seed=0, device="cpu")
+    loss = trainer.epoch(0)
+    assert loss > 0 and torch.isfinite(torch.tensor(loss))

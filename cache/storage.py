@@ -731,8 +731,11 @@ class StorageFeature(Feature):
         not the disk's.
         """
         stats = self.stats
-        seconds = stats.seconds - self._epoch_mark[0]
-        model = stats.model_seconds - self._epoch_mark[1]
+        mark = self._epoch_mark
+        if stats.seconds < mark[0] or stats.model_seconds < mark[1]:
+            mark = (0.0, 0.0)  # the counters were reset meanwhile
+        seconds = stats.seconds - mark[0]
+        model = stats.model_seconds - mark[1]
         self._epoch_mark = (stats.seconds, stats.model_seconds)
         if self._refreshed or not self._auto_model \
                 or max(seconds, model) < self.drift_min_seconds or not model:

@@ -675,6 +675,7 @@ def test_disk_model_drifting_from_the_reads_is_measured_again(
         feature.read(ids)
         feature.release_buffers()
         assert len(calls) == 1
+        assert feature._epoch_mark[1] > 0
         assert feature.read(ids).numpy().tobytes() == \
             rows[ids.numpy()].tobytes()
 
@@ -719,3 +720,24 @@ def test_rows_are_bit_exact_at_every_queue_depth(disk_dir, depth, chunk):
         assert got.numpy().tobytes() == rows[0:6000:10].tobytes()
         assert brought.numpy().tobytes() == rows[taken.numpy()].tobytes()
         assert feature.stats.io_requests >= 1
+
+
+def test_drift_is_judged_on_the_epoch_after_a_counter_reset(
+        disk_dir, monkeypatch):
+    """Counters reset between epochs (a loader's ``stats.reset()``) start
+    the next epoch's window afresh: no negative seconds, no false drift."""
+    path = disk_dir / "feat.bin"
+    write_feature_file(path, make_rows((4000, 100), np.float32))
+    monkeypatch.setattr(disk, "_memo", {})
+    with StorageFeature(path, num_threads=2) as feature:
+        feature.drift_min_seconds = 0.0
+        feature.read(torch.arange(0, 4000, 3))
+        feature.stats.model_seconds = feature.stats.seconds
+        monkeypatch.setattr(disk, "measure_disk", _refuse)
+        feature.release_buffers()
+        feature.stats.reset()
+        feature.read(torch.arange(0, 400, 3))
+        feature.stats.model_seconds = feature.stats.seconds
+        feature.release_buffers()  # in step: no measurement
+        assert feature._epoch_mark == (feature.stats.seconds,
+                                       feature.stats.model_seconds)

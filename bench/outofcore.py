@@ -241,12 +241,8 @@ def report(result: dict) -> str:
              f"num_workers={a['dgl_workers']}, memmap pages dropped once "
              f"before each epoch.", ""]
     if result.get("disk"):
-        sweep = ", ".join(f"{depth}: {rate:,.0f}"
-                          for depth, rate in result["disk"].get("sweep", ()))
         lines += ["Disk (measured in this run): "
-                  f"{common.disk_text(result['disk'])}"
-                  + (f"; random 4 KiB reads/s per queue depth {sweep}"
-                     if sweep else "") + ".", ""]
+                  f"{common.disk_text(result['disk'], sweep=True)}.", ""]
     by = {(r["dataset"], r["config"]): r for r in result["records"]}
     rows = []
     for r in result["records"]:

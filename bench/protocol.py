@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 
 # Sets OMP_WAIT_POLICY, which the spawned workers inherit.
 import hmgraph.openmp  # noqa: F401
+from hmgraph.cache.format import atomic_path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = REPO.parent / "shared" / "data"
@@ -145,12 +145,10 @@ def format_markdown(report) -> str:
 
 
 def _write(report, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
     for path, text in ((out, json.dumps(report, indent=1)),
                        (out.with_suffix(".md"), format_markdown(report))):
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            tmp.write_text(text)
 
 
 def main(argv=None) -> int:

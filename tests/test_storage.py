@@ -680,19 +680,6 @@ def test_disk_model_drifting_from_the_reads_is_measured_again(
             rows[ids.numpy()].tobytes()
 
 
-def test_disk_model_in_step_with_the_reads_is_kept(disk_dir, monkeypatch):
-    path = disk_dir / "feat.bin"
-    write_feature_file(path, make_rows((4000, 100), np.float32))
-    monkeypatch.setattr(disk, "_memo", {})
-    with StorageFeature(path, num_threads=2) as feature:
-        feature.drift_min_seconds = 0.0
-        # The model priced exactly what the reads took.
-        feature.read(torch.arange(0, 4000, 7))
-        feature.stats.model_seconds = feature.stats.seconds
-        monkeypatch.setattr(disk, "measure_disk", _refuse)
-        feature.release_buffers()
-
-
 @pytest.mark.parametrize("depth", [1, 3, 64, 128])
 @pytest.mark.parametrize("chunk", [None, PAGE_BYTES], ids=["default-chunk",
                                                            "page-chunks"])
@@ -722,15 +709,17 @@ def test_rows_are_bit_exact_at_every_queue_depth(disk_dir, depth, chunk):
         assert feature.stats.io_requests >= 1
 
 
-def test_drift_is_judged_on_the_epoch_after_a_counter_reset(
+def test_disk_model_in_step_with_the_reads_is_kept_across_a_reset(
         disk_dir, monkeypatch):
-    """Counters reset between epochs (a loader's ``stats.reset()``) start
-    the next epoch's window afresh: no negative seconds, no false drift."""
+    """A model that priced exactly what the reads took is kept; counters
+    reset between epochs (a loader's ``stats.reset()``) start the next
+    epoch's window afresh: no negative seconds, no false drift."""
     path = disk_dir / "feat.bin"
     write_feature_file(path, make_rows((4000, 100), np.float32))
     monkeypatch.setattr(disk, "_memo", {})
     with StorageFeature(path, num_threads=2) as feature:
         feature.drift_min_seconds = 0.0
+        # The model priced exactly what the reads took.
         feature.read(torch.arange(0, 4000, 3))
         feature.stats.model_seconds = feature.stats.seconds
         monkeypatch.setattr(disk, "measure_disk", _refuse)

@@ -73,10 +73,16 @@ def environment_text(env: dict) -> str:
             f"load average {env['loadavg'][0]:.1f} at the start")
 
 
-def disk_text(model: dict) -> str:
-    """`hmgraph.cache.disk.DiskModel.describe` of its ``as_dict``."""
-    return DiskModel(**{k: v for k, v in model.items()
-                        if k != "gap_bytes"}).describe()
+def disk_text(model: dict, sweep: bool = False) -> str:
+    """`hmgraph.cache.disk.DiskModel.describe` of its ``as_dict``; with
+    ``sweep``, and its reads/s per queue depth where it has them."""
+    model = DiskModel(**{k: v for k, v in model.items()
+                         if k != "gap_bytes"})
+    text = model.describe()
+    if sweep and model.sweep:
+        text += (f"; random 4 KiB reads/s per queue depth "
+                 f"{model.describe_sweep()}")
+    return text
 
 
 def write_results(result: dict, markdown: str, path) -> Path:

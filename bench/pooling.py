@@ -30,6 +30,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import common
+import published
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = REPO.parent / "shared" / "data"
@@ -48,9 +49,9 @@ WINS_NEEDED = 7
 EPOCH_SET, EPOCH_RATIO_MAX = "NCI1", 1.5  # HAP's epoch / DiffPool's
 #: Timed apart from the cells (`time_epochs`): epochs per run, runs.
 TIMED_EPOCHS, TIMED_REPEATS = 6, 3
-# {source: [protocol, {model: {dataset: "mean ± std"}}]}, 10-fold, in %.
-PUBLISHED = json.loads(Path(__file__).with_name("pooling_published.json")
-                       .read_text(encoding="utf-8"))
+# {source: [protocol, {model: {dataset: figure}}]}, 10-fold, in %
+# (bench/published.py).
+PUBLISHED = published.load("pooling")
 SETTINGS = ("folds", "epochs", "patience", "hidden", "lr", "seed", "grid",
             "selection", "smooth")
 #: What runs made before a setting existed used (hmgraph classify's
@@ -299,7 +300,9 @@ def markdown(report) -> str:
                       r for r in records if (r["dataset"], r["model"])
                       == (d, m)]) for d in datasets))]
             for m in models]
-    published = [[source, model, *(values.get(d) for d in datasets)]
+    figures = [[source, model, *(
+        published.cell(values[d]) if d in values else None
+        for d in datasets)]
                  for source, (_, table) in PUBLISHED.items()
                  for model, values in table.items()
                  if any(d in values for d in datasets)]
@@ -310,9 +313,8 @@ def markdown(report) -> str:
               common.markdown_table(["model", *datasets], cost), "",
               "## Published figures (their protocols, not ours)", "",
               common.markdown_table(["source", "model", *datasets],
-                                    published), ""]
-    lines += [f"- **{source}**: {protocol}." for source, (protocol, _) in
-              PUBLISHED.items()]
+                                    figures), ""]
+    lines += published.notes(PUBLISHED)
     lines += ["", f"## Target: HAP best or within one std of the best on "
               f">= {WINS_NEEDED} of {len(DATASETS)}", ""]
     for dataset, row in t["per_dataset"].items():

@@ -13,124 +13,60 @@ import dataclasses
 import json
 import logging
 import math
-import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import dgl
-import dgl.utils
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from hmgraph import datasets
-from hmgraph.cache.budget import (
-    HOST_RESERVE_BYTES,
-    auto_host_budget,
-    available_bytes,
-    check_available,
-    format_bytes,
-    parse_budget,
-)
-from hmgraph.cache.coordinated import FrozenView
-from hmgraph.cache.disk import disk_model
+from hmgraph.cache.budget import parse_budget
 from hmgraph.cache.format import atomic_path
-from hmgraph.cache.plan import metadata_bytes
-from hmgraph.cache.policies import POLICIES, layer_aware_score
-from hmgraph.datasets.renumbered import permuted
-from hmgraph.loader import PROFILED_POLICIES, DataLoader
-from hmgraph.models import build_model, layerwise_inference
-from hmgraph.models.layers import add_gcn_degrees
-from hmgraph.samplers.cluster import ClusterSampler, metis_clusters
-from hmgraph.samplers.presample import presample
-from hmgraph.samplers.renumber import (
-    cluster_permutation,
-    hot_first_permutation,
-    renumber_graph,
+from hmgraph.checkpoint import (
+    CheckpointError,
+    check_saved_settings,
+    load_checkpoint,
+    save_checkpoint,
 )
+from hmgraph.evaluation import (
+    LAYERWISE_READ_LIMIT_SECONDS,
+    describe_io,
+    evaluate,
+    layerwise_read_seconds,
+    resolve_eval,
+    summarize,
+)
+from hmgraph.layout import LAYOUTS, make_sampler, prepare, resolve_layout
+from hmgraph.loader import DataLoader
+from hmgraph.memory import (
+    batch_input_bytes,
+    batches_in_flight,
+    check_model_memory,
+    layerwise_buffer_bytes,
+    memory_promise,
+    peak_rss_bytes,
+    prefetch_depth,
+    size_memory,
+    working_set_bytes,
+)
+from hmgraph.models import build_model
+from hmgraph.models.layers import add_gcn_degrees
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LAYOUTS", "CheckpointError", "TrainConfig",
-           "batch_input_bytes", "batches_in_flight", "check_model_memory",
-           "evaluate", "loader_only_epoch", "make_loader", "make_sampler",
+# Re-exported from the modules they moved to (issue 35): tests and bench
+# scripts import them from here.
+__all__ = ["LAYERWISE_READ_LIMIT_SECONDS", "LAYOUTS", "CheckpointError",
+           "TrainConfig", "batch_input_bytes", "batches_in_flight",
+           "check_model_memory", "check_saved_settings", "describe_io",
+           "evaluate", "layerwise_buffer_bytes", "layerwise_read_seconds",
+           "loader_only_epoch", "make_loader", "make_sampler",
            "memory_promise", "peak_rss_bytes", "prefetch_depth", "prepare",
-           "resolve_eval", "resolve_layout", "train", "working_set_bytes"]
-
-# Settings a checkpoint must share with the run that resumes it.
-_CHECKPOINT_KEYS = (
-    "dataset", "model", "fanouts", "batch_size", "hidden", "layers",
-    "dropout", "input_dropout", "attn_dropout", "lr", "weight_decay",
-    "num_heads", "seed", "sampler",
-    "clusters", "locality", "group_size", "renumber", "layout",
-)
-
-#: Orders of the feature file's rows (see `TrainConfig.layout`).
-LAYOUTS = ("auto", "file", "hot-first")
-
-# As `DataLoader._profile`: the layout is planned from the same batches.
-_PROFILE_SEED_OFFSET = 7919
-
-
-class CheckpointError(ValueError):
-    """A checkpoint cannot be resumed; the message says which setting."""
-
-
-#: Copies of every parameter while training with Adam: the weights, their
-#: gradients and Adam's two moment estimates.
-_TRAINING_COPIES = 4
-
-
-def check_model_memory(build, device, sizes: dict) -> int:
-    """Refuse a model whose training state does not fit in ``device``'s
-    free memory, before any of it is allocated.
-
-    The model is built on PyTorch's ``meta`` device (shapes, no memory)
-    to count its parameters; training holds `_TRAINING_COPIES` of them
-    (weights, gradients, Adam's two moments) besides its buffers.
-
-    Parameters
-    ----------
-    build : callable
-        ``() -> torch.nn.Module``, the model as training builds it.
-    device : torch.device or str
-        Where it would train (``cpu``: host memory).
-    sizes : dict of str to int
-        The flags that size the model and their values, named in the
-        error, e.g. ``{"--hidden": 100000000}``.
-
-    Returns
-    -------
-    int
-        Bytes of training state (0 where the model cannot be built on
-        the meta device, and so is not checked).
-
-    Raises
-    ------
-    ValueError
-        ``--hidden 100000000: training the model needs 320000.4 TB
-        (weights, gradients, Adam state), more than the 20.1 GB free on
-        cpu; use a smaller --hidden``.
-    """
-    try:
-        with torch.device("meta"):
-            model = build()
-    except (NotImplementedError, RuntimeError):  # an op with no meta kernel
-        return 0
-    need = sum(_TRAINING_COPIES * p.numel() * p.element_size()
-               for p in model.parameters()) + sum(
-        b.numel() * b.element_size() for b in model.buffers())
-    free = available_bytes(device)
-    if need > free:
-        given = " ".join(f"{flag} {value}" for flag, value in sizes.items())
-        raise ValueError(
-            f"{given}: training the model needs {format_bytes(need)} "
-            f"(weights, gradients, Adam state), more than the "
-            f"{format_bytes(free)} free on {torch.device(device)}; use a "
-            f"smaller {' or '.join(sizes)}")
-    return need
-
+           "resolve_eval", "resolve_layout", "summarize", "train",
+           "working_set_bytes"]
 
 @dataclass
 class TrainConfig:
@@ -271,27 +207,19 @@ def train(config: TrainConfig, dataset=None) -> dict:
         per-epoch loss, metrics and seconds; best epoch; test metric at best
         validation), ``summary`` (mean and std over runs) and ``path``.
     """
-    if config.eval not in ("auto", "layerwise", "sampled"):
-        raise ValueError(f"eval must be auto, layerwise or sampled, got "
-                         f"{config.eval!r}")
-    resolve_layout(config)  # a bad layout fails before any loading
-    for name in ("device_budget", "host_budget"):  # and a bad budget
-        text = getattr(config, name)
-        if text != "auto":
-            try:
-                parse_budget(text, 1)
-            except ValueError as err:
-                raise ValueError(f"{name.replace('_', ' ')}: {err}") from None
+    # (1) Settings checked before any loading.
+    _check_settings(config)
     if dataset is None:
         dataset = datasets.load(config.dataset, config.root, config.verify,
                                 features_on=config.features_on,
                                 progress=config.progress)
     check_model_memory(lambda: _build_model(config, dataset), config.device,
                        _model_sizes(config))
+    # (2) The checkpoint to resume, the layout, the sampler, the loader.
     out = Path(config.out)
     checkpoint_path = out / "checkpoint.pt"
-    state = _load_checkpoint(checkpoint_path, config) if config.resume \
-        else None
+    state = load_checkpoint(checkpoint_path, config, TrainConfig()) \
+        if config.resume else None
     completed = state["completed"] if state else []
     device = torch.device(config.device)
     dataset, sampler, layout, profile = prepare(config, dataset)
@@ -305,9 +233,11 @@ def train(config: TrainConfig, dataset=None) -> dict:
     except OSError as err:
         raise OSError(err.errno, f"--out {out}: cannot make the folder: "
                       f"{err.strerror}") from None
+    # (3) How to evaluate, once the loader's plan is known.
     eval_mode = resolve_eval(config, dataset, loader)
     log.info("evaluation: %s", eval_mode)
     metric = dataset.evaluator.eval_metric
+    # (4) The runs not finished yet.
     try:
         for run in range(len(completed), config.runs):
             record = _train_run(config, dataset, loader, run, state, device,
@@ -318,6 +248,7 @@ def train(config: TrainConfig, dataset=None) -> dict:
             if config.loader_only else None
     finally:
         loader.close()
+    # (5) The result, written atomically.
     peak = peak_rss_bytes()
     result = {
         "config": config.as_dict(),
@@ -333,168 +264,30 @@ def train(config: TrainConfig, dataset=None) -> dict:
     }
     if loader_only is not None:
         result["loader_only"] = loader_only
-    result_path = out / "result.json"
-    with atomic_path(result_path) as tmp:
+    return _write_result(result, out / "result.json")
+
+
+def _check_settings(config) -> None:
+    """Refuse a bad ``eval``, layout or budget before any loading."""
+    if config.eval not in ("auto", "layerwise", "sampled"):
+        raise ValueError(f"eval must be auto, layerwise or sampled, got "
+                         f"{config.eval!r}")
+    resolve_layout(config)
+    for name in ("device_budget", "host_budget"):
+        text = getattr(config, name)
+        if text != "auto":
+            try:
+                parse_budget(text, 1)
+            except ValueError as err:
+                raise ValueError(f"{name.replace('_', ' ')}: {err}") from None
+
+
+def _write_result(result: dict, path: Path) -> dict:
+    """``result`` as JSON at ``path``, atomically; ``path`` set in it."""
+    with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(result, indent=1))
-    result["path"] = str(result_path)
+    result["path"] = str(path)
     return result
-
-
-def resolve_layout(config) -> str:
-    """``file`` or ``hot-first``, resolving ``auto``.
-
-    ``auto`` is hot-first when features are on disk and the cache policy
-    is planned from a profile (``presample``, ``layer-aware``,
-    ``hmgraph``): its static tiers then hold whole blocks of hot rows and
-    misses cluster in cold blocks. Measured with window read planning
-    (``bench/results/cache_policies*.md``): on synth-papers (sparse) it
-    cut storage requests 30x and the epoch from 43.2 s to 28.8 s at the
-    same bytes; on synth-products and synth-igb (dense) bytes and epoch
-    time stayed within 2-3 %. In memory, or with a policy that is not
-    profiled, the order of the rows buys nothing and costs a rewrite.
-    """
-    if config.layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {config.layout!r}; available: "
-                         f"{', '.join(LAYOUTS)}")
-    if config.layout != "auto":
-        return config.layout
-    return "hot-first" if config.features_on == "disk" and \
-        config.cache in PROFILED_POLICIES else "file"
-
-
-def make_sampler(config, dataset):
-    """The sampler ``config`` asks for, and the dataset in the ids it uses.
-
-    What `train` prepares before its loader, without the loader: METIS
-    clusters for the cluster sampler or ``renumber``, the dataset
-    renumbered by cluster and/or rewritten hot-first as `resolve_layout`
-    decides, and the sampler over the final graph.
-
-    Parameters
-    ----------
-    config : TrainConfig
-        ``sampler``, ``fanouts``, ``batch_size``, ``clusters``,
-        ``locality``, ``group_size``, ``renumber``, ``layout`` and what the
-        layout depends on are read.
-    dataset : hmgraph.datasets.NodeDataset
-        As `hmgraph.datasets.load` returns it.
-
-    Returns
-    -------
-    dataset : hmgraph.datasets.NodeDataset
-        ``dataset`` itself, or a renumbered copy (its feature file
-        rewritten once and reused).
-    sampler : dgl.dataloading.Sampler
-        DGL's ``NeighborSampler`` (fanouts 0 for an MLP) or
-        `hmgraph.samplers.cluster.ClusterSampler`.
-
-    Raises
-    ------
-    ValueError
-        An unknown sampler or layout.
-    """
-    dataset, sampler, _, _ = prepare(config, dataset)
-    return dataset, sampler
-
-
-def prepare(config, dataset):
-    """The dataset in the ids training uses, its sampler, a layout record
-    and, for hot-first, the profile it was ordered by (in the final ids,
-    for the loader to plan from instead of profiling again; else None).
-
-    (1) METIS clusters for the cluster sampler or ``renumber``; (2) with
-    layout ``file``, the dataset renumbered by cluster if asked; (3) with
-    ``hot-first``, a profile of the loader's batches (on the graph
-    renumbered by cluster if asked) and one rewrite of the feature file in
-    the final order, cluster renumbering and hot-first composed.
-    """
-    if config.sampler not in ("neighbor", "cluster"):
-        raise ValueError(f"unknown sampler {config.sampler!r}; available: "
-                         f"neighbor, cluster")
-    layout = resolve_layout(config)
-    # (1) Clusters.
-    clusters, tag = None, None
-    if config.sampler == "cluster" or config.renumber:
-        count = config.clusters or max(1, math.ceil(
-            dataset.split["train"].numel() / config.batch_size))
-        clusters = metis_clusters(
-            dataset.graph, count,
-            Path(dataset.feature_path).parent / f"metis-{count}.npy")
-        tag = f"metis-{count}" if config.renumber else None
-    # (2) The file's order, clusters as id ranges if asked.
-    start = time.perf_counter()
-    if layout == "file":
-        if tag is not None:
-            first, _ = cluster_permutation(clusters)
-            dataset = permuted(dataset, first, tag, config.verify)
-            clusters = clusters[first]
-        record = {"name": layout, "seconds": time.perf_counter() - start,
-                  "reused": bool(dataset.info.get("reused", False)),
-                  "path": str(dataset.feature_path)}
-        return dataset, _build_sampler(config, dataset.graph, clusters), \
-            record, None
-    # (3) Hot first: profile the batches the loader will profile, in the
-    # ids it will see them in (only the graph renumbered by cluster: the
-    # rows are rewritten once, in the final order).
-    graph, seeds, first = dataset.graph, dataset.split["train"], None
-    if tag is not None:
-        first, inverse = cluster_permutation(clusters)
-        graph = renumber_graph(graph, first, inverse)
-        seeds, clusters = inverse[seeds], clusters[first]
-    sampler = _build_sampler(config, graph, clusters)
-    # DGL samples with one generator per OpenMP thread: on one thread the
-    # profile repeats exactly, so a rerun finds the same order and reuses
-    # the rewritten file.
-    threads = dgl.utils.get_num_threads()
-    dgl.utils.set_num_threads(1)
-    try:
-        profile = presample(graph, sampler, seeds, config.batch_size,
-                            config.profile_batches,
-                            seed=config.seed + _PROFILE_SEED_OFFSET,
-                            shuffle=True)
-    finally:
-        dgl.utils.set_num_threads(threads)
-    if getattr(sampler, "prob", None) is not None:
-        graph.edata.pop(sampler.prob)  # the profiling sampler's weights
-    del graph, sampler  # at most two graphs alive while renumbering
-    hot, _ = hot_first_permutation(
-        _hotness(config, profile), clusters if tag is not None else None)
-    perm = hot if first is None else first[hot]
-    dataset = permuted(dataset, perm, "hot-first" if tag is None
-                       else f"{tag}-hot-first", config.verify)
-    if clusters is not None:
-        clusters = clusters[hot]
-    record = {"name": layout, "seconds": time.perf_counter() - start,
-              "reused": bool(dataset.info["reused"]),
-              "path": str(dataset.feature_path),
-              "profile_batches": profile.num_batches}
-    log.info("layout: hot-first from %d profiled batches in %.1f s (%s %s)",
-             profile.num_batches, record["seconds"],
-             "reused" if record["reused"] else "wrote",
-             dataset.feature_path)
-    return dataset, _build_sampler(config, dataset.graph, clusters), \
-        record, profile.renamed(hot)
-
-
-def _hotness(config, profile) -> torch.Tensor:
-    """Profiled score per row, as the loader ranks rows for its cache."""
-    if config.cache == "layer-aware" or config.placement == "layer-aware":
-        return layer_aware_score(profile.hop_counts)
-    return profile.counts
-
-
-def _build_sampler(config, graph, clusters):
-    """The sampler asked for over ``graph`` (clusters in its ids)."""
-    if config.model == "mlp":
-        # An MLP reads no neighbours: empty blocks of the same depth
-        # (DGL 2.1's fused sampler drops the source nodes at fanout 0).
-        return dgl.dataloading.NeighborSampler([0] * config.layers,
-                                               fused=False)
-    if config.sampler == "cluster":
-        return ClusterSampler(graph, config.fanouts, clusters,
-                              locality=config.locality,
-                              group_size=config.group_size)
-    return dgl.dataloading.NeighborSampler(config.fanouts)
 
 
 def make_loader(config, dataset, sampler, device, profile=None):
@@ -506,230 +299,20 @@ def make_loader(config, dataset, sampler, device, profile=None):
     Returns the loader and a record of the memory it was sized with:
     graph bytes, feature bytes, working set and the budgets in bytes.
     """
-    if config.features_on not in ("memory", "disk"):
-        raise ValueError(f"features_on must be 'memory' or 'disk', got "
-                         f"{config.features_on!r}")
-    disk = config.features_on == "disk"
-    feature_bytes = dataset.feature_bytes
-    device_budget = parse_budget(config.device_budget, feature_bytes)
-    check_available("device", device_budget, device)
-    batch_bytes = batch_input_bytes(config, dataset, sampler)
-    working = working_set_bytes(config, dataset, sampler, device_budget,
-                                device, batch_bytes)
-    if str(config.host_budget).strip().lower() == "auto":
-        # Up to every row with its bookkeeping: the file read once.
-        policy = config.cache if config.cache in POLICIES else "none"
-        whole = feature_bytes + metadata_bytes(
-            policy, dataset.num_nodes, 0, dataset.num_nodes)
-        host_budget = auto_host_budget(whole, working) if disk else 0
-    else:
-        host_budget = parse_budget(config.host_budget, feature_bytes)
-        free = available_bytes("cpu")
-        if disk and host_budget + working > free:
-            raise ValueError(
-                f"host budget {format_bytes(host_budget)} plus the run's "
-                f"working set {format_bytes(working)} exceeds the "
-                f"{format_bytes(free)} available; use at most "
-                f"{format_bytes(max(0, free - working))} or --host-budget "
-                f"auto"
-            )
-        check_available("host", host_budget, "cpu")
-    memory = {"graph_bytes": dataset.graph_bytes,
-              "feature_bytes": feature_bytes, "working_set_bytes": working,
-              "device_budget_bytes": device_budget,
-              "host_budget_bytes": host_budget,
-              "batch_input_bytes": batch_bytes,
-              "batches_in_flight": batches_in_flight(config)}
-    memory["promise_bytes"] = memory_promise(memory, config.features_on)
-    log.info("memory: graph %s, features %s (%s), working set %s, device "
-             "budget %s, host budget %s", format_bytes(memory["graph_bytes"]),
-             format_bytes(feature_bytes), config.features_on,
-             format_bytes(working), format_bytes(device_budget),
-             format_bytes(host_budget))
-    features = dataset.feature_path if disk else dataset.features
+    memory = size_memory(config, dataset, sampler, device)
+    features = dataset.feature_path if config.features_on == "disk" \
+        else dataset.features
     loader = DataLoader(
         dataset.graph, dataset.split["train"], sampler, features=features,
         labels=dataset.labels, batch_size=config.batch_size, shuffle=True,
         device=device, seed=config.seed, cache=config.cache,
-        device_budget_bytes=device_budget, host_budget_bytes=host_budget,
+        device_budget_bytes=memory["device_budget_bytes"],
+        host_budget_bytes=memory["host_budget_bytes"],
         prefetch=prefetch_depth(config), window=config.window,
         profile_batches=config.profile_batches, reuse=config.reuse,
         placement=config.placement, profile=profile,
     )
     return loader, memory
-
-
-_WORKING_SET_BATCHES = 4
-# Per-node state of profile and policies (hop counts, trace, slot tables).
-_BYTES_PER_NODE = 64
-
-
-def prefetch_depth(config) -> int:
-    """Batches fetched ahead: ``config.prefetch``, or by default 1 with
-    features on disk (the rows of three batches in flight) and 2 in
-    memory."""
-    if config.prefetch is not None:
-        return config.prefetch
-    return 1 if config.features_on == "disk" else 2
-
-
-def batches_in_flight(config) -> int:
-    """Batches whose input rows may be alive at once: those prefetched,
-    the one being fetched and the one training (the loader keeps that
-    many buffers, `hmgraph.cache.feature.Feature.keep_buffers`)."""
-    return prefetch_depth(config) + 2
-
-
-def batch_input_bytes(config, dataset, sampler) -> int:
-    """Bytes of input rows of the largest of a few sampled batches."""
-    seeds = dataset.split["train"]
-    generator = torch.Generator().manual_seed(config.seed)
-    order = seeds[torch.randperm(seeds.numel(), generator=generator)]
-    most = 0
-    for index in range(_WORKING_SET_BATCHES):
-        batch = order[index * config.batch_size:
-                      (index + 1) * config.batch_size]
-        if batch.numel() == 0:
-            break
-        input_nodes, _, _ = sampler.sample(dataset.graph, batch)
-        most = max(most, input_nodes.numel())
-    return most * dataset.manifest.row_bytes
-
-
-def working_set_bytes(config, dataset, sampler, device_budget: int,
-                      device, batch_bytes: int | None = None) -> int:
-    """Host memory a run needs besides the graph, the host tier and the
-    2 GiB reserve (`hmgraph.cache.budget.HOST_RESERVE_BYTES`, which the
-    model's step and the libraries live in).
-
-    The rows of the batches in flight (`batch_input_bytes` times
-    `batches_in_flight`: reused buffers, one per batch), 64 bytes per node
-    of profile and policy state, with ``eval="layerwise"`` its buffers
-    (`layerwise_buffer_bytes`; ``auto`` checks them when it resolves) and,
-    on a CPU device, the device tier. ``batch_bytes``: the batch's input
-    bytes where already known.
-    """
-    if batch_bytes is None:
-        batch_bytes = batch_input_bytes(config, dataset, sampler)
-    total = batch_bytes * batches_in_flight(config)
-    total += _BYTES_PER_NODE * dataset.num_nodes
-    if config.eval == "layerwise":
-        total += layerwise_buffer_bytes(config, dataset)
-    if torch.device(device).type == "cpu":
-        total += device_budget
-    return int(total)
-
-
-def memory_promise(memory: dict, features_on: str) -> int:
-    """The peak resident memory a run promises: graph + budgets (+ the
-    rows, in memory) + the batches in flight + the 2 GiB reserve."""
-    return int(memory["graph_bytes"] + memory["device_budget_bytes"]
-               + memory["host_budget_bytes"]
-               + (memory["feature_bytes"] if features_on == "memory" else 0)
-               + memory["batch_input_bytes"] * memory["batches_in_flight"]
-               + HOST_RESERVE_BYTES)
-
-
-def layerwise_buffer_bytes(config, dataset) -> int:
-    """Host memory of layer-wise inference: two layers' outputs per node."""
-    width = max(config.hidden * config.num_heads, dataset.num_classes)
-    return 2 * dataset.num_nodes * width * 4
-
-
-#: ``eval="auto"`` picks layer-wise inference while the disk model prices
-#: its estimated storage reads under this many seconds.
-LAYERWISE_READ_LIMIT_SECONDS = 60.0
-
-
-def layerwise_read_seconds(config, dataset, loader) -> float:
-    """The disk model's seconds for layer-wise inference's storage reads.
-
-    Layer-wise inference reads each chunk's input rows that the cache
-    does not hold; a chunk's inputs (the chunk and its neighbours, random
-    ids) spread over nearly every page, so each chunk reads about every
-    uncached byte, in requests that each cover a break-even gap
-    (`hmgraph.cache.disk.DiskModel.gap_bytes`) or a row. Priced with the
-    model of the feature file's disk at the depth the storage tier keeps
-    in flight.
-    """
-    held = loader.plan.device_rows + loader.plan.host_rows
-    row_bytes = dataset.manifest.row_bytes
-    uncached = max(0, dataset.num_nodes - held) * row_bytes
-    chunks = math.ceil(dataset.num_nodes / config.eval_batch_size)
-    model = disk_model(dataset.feature_path)
-    requests = uncached / max(model.gap_bytes, row_bytes)
-    return chunks * model.seconds(requests, uncached)
-
-
-def resolve_eval(config, dataset, loader) -> str:
-    """``layerwise`` or ``sampled``, resolving ``auto``.
-
-    With features on disk, ``auto`` keeps layer-wise while its storage
-    reads (`layerwise_read_seconds`) stay under
-    `LAYERWISE_READ_LIMIT_SECONDS` and its buffers
-    (`layerwise_buffer_bytes`) fit in free memory.
-    """
-    if config.eval != "auto":
-        return config.eval
-    if config.features_on == "memory":
-        return "layerwise"
-    fits = layerwise_buffer_bytes(config, dataset) + HOST_RESERVE_BYTES <= \
-        available_bytes("cpu")
-    return "layerwise" if fits and layerwise_read_seconds(
-        config, dataset, loader) <= LAYERWISE_READ_LIMIT_SECONDS \
-        else "sampled"
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size so far, in bytes."""
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def evaluate(config, dataset, model, loader, device, mode: str) -> dict:
-    """Metric per split: ``valid`` and ``test`` (and ``train`` layer-wise).
-
-    Layer-wise inference reads rows in node-id order, chunk by chunk: from
-    memory, or through a `FrozenView` of the training cache (hits from its
-    tiers, misses from storage, nothing admitted). Sampled inference runs
-    DGL's ``NeighborSampler`` with the training fanouts over each split
-    through the same view.
-    """
-    view = FrozenView(loader.cache)
-    if mode == "layerwise":
-        features = dataset.features if config.features_on == "memory" \
-            else view
-        logits = layerwise_inference(
-            model, dataset.graph, features, device,
-            batch_size=config.eval_batch_size,
-        )
-        return {split: dataset.evaluate(logits, split)
-                for split in ("train", "valid", "test")}
-    fanouts = [0] * config.layers if config.model == "mlp" \
-        else config.fanouts
-    sampler = dgl.dataloading.NeighborSampler(fanouts, fused=False) \
-        if config.model == "mlp" else dgl.dataloading.NeighborSampler(fanouts)
-    scores = {}
-    was_training = model.training
-    model.eval()
-    try:
-        for split in ("valid", "test"):
-            ids = dataset.split[split]
-            split_loader = DataLoader(
-                dataset.graph, ids, sampler, features=view,
-                labels=dataset.labels, batch_size=config.batch_size,
-                device=device, seed=config.seed,
-                prefetch=prefetch_depth(config),
-            )
-            parts = []
-            dgl.seed(config.seed)  # the same sampled neighbours every time
-            with torch.no_grad():
-                for batch in split_loader:
-                    parts.append(model(batch.blocks, batch.x).cpu())
-            split_loader.close()
-            scores[split] = dataset.score(torch.cat(parts), split)
-    finally:
-        model.train(was_training)
-    return scores
 
 
 def _train_run(config, dataset, loader, run, state, device, checkpoint_path,
@@ -762,7 +345,7 @@ def _train_run(config, dataset, loader, run, state, device, checkpoint_path,
                 entry["test"],
             )
         record["epochs"].append(entry)
-        _save_checkpoint(checkpoint_path, config, model, optimizer, record,
+        save_checkpoint(checkpoint_path, config, model, optimizer, record,
                          completed)
     return record
 
@@ -838,116 +421,3 @@ def _train_epoch(config, model, optimizer, loader, run, epoch) -> dict:
             "train_running": total_correct / max(total_seeds, 1),
             "seconds": seconds, "loader": stats}
 
-
-def describe_io(stats: dict) -> str:
-    """One line of cache hits and I/O from `LoaderStats.as_dict`."""
-    cache = stats.get("cache", {})
-    rates = ", ".join(f"{tier} {rate:.1%}" for tier, rate in
-                      cache.get("hit_rate", {}).items())
-    text = f"rows from {rates}"
-    link = cache.get("bytes", {}).get("host->device", 0)
-    text += f"; host->device {format_bytes(link)}"
-    reuse = stats.get("reuse")
-    if reuse:
-        text += (f"; reused {reuse['reuse_rate']:.1%} of rows, "
-                 f"{format_bytes(reuse['bytes_saved'])} saved")
-    storage = stats.get("storage")
-    if storage:
-        text += (f"; storage {storage['io_requests']} requests, "
-                 f"{format_bytes(storage['bytes_read'])} "
-                 f"(amplification {storage['amplification']:.2f}), "
-                 f"{storage['seconds']:.1f} s (disk model "
-                 f"{storage['model_seconds']:.1f} s)")
-    return text
-
-
-def summarize(records: list[dict]) -> dict:
-    """Mean and standard deviation over runs, as OGB's leaderboard reports.
-
-    Returns
-    -------
-    dict
-        ``valid_mean``, ``valid_std``, ``test_mean``, ``test_std`` of the
-        best-validation epoch of every run; 0.0 for an empty list.
-    """
-    if not records:
-        return {"valid_mean": 0.0, "valid_std": 0.0,
-                "test_mean": 0.0, "test_std": 0.0, "runs": 0}
-    valid = torch.tensor([r["best_valid"] for r in records],
-                         dtype=torch.float64)
-    test = torch.tensor([r["test_at_best_valid"] for r in records],
-                        dtype=torch.float64)
-    std = (0.0, 0.0) if len(records) == 1 else (float(valid.std()),
-                                                float(test.std()))
-    return {"valid_mean": float(valid.mean()), "valid_std": std[0],
-            "test_mean": float(test.mean()), "test_std": std[1],
-            "runs": len(records)}
-
-
-def _save_checkpoint(path, config, model, optimizer, record, completed):
-    state = {
-        "config": {k: getattr(config, k) for k in _CHECKPOINT_KEYS},
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "record": record,
-        "completed": completed,
-    }
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
-
-
-def check_saved_settings(what: str, saved: dict, config, keys,
-                         defaults=None) -> None:
-    """Refuse saved work whose settings differ from this run's.
-
-    Parameters
-    ----------
-    what : str
-        What was saved, for the message, e.g. ``"checkpoint out/ckpt.pt"``.
-    saved : dict
-        The settings the saved work was made with.
-    config : object
-        This run's settings, read by attribute.
-    keys : sequence of str
-        The settings that must agree.
-    defaults : object, optional
-        Values for keys ``saved`` lacks (settings newer than the file);
-        without it a missing key reads as None.
-
-    Raises
-    ------
-    CheckpointError
-        Naming the first key that differs, both values, and the way out.
-    """
-    for key in keys:
-        value = saved.get(key, getattr(defaults, key, None))
-        if value != getattr(config, key):
-            raise CheckpointError(
-                f"{what} was written with {key}={value!r}, but this run has "
-                f"{key}={getattr(config, key)!r}; use the same setting or "
-                f"another --out")
-
-
-def _load_checkpoint(path: Path, config: TrainConfig):
-    if not path.is_file():
-        log.info("no checkpoint at %s; starting afresh", path)
-        return None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unreadable file
-        raise CheckpointError(
-            f"checkpoint {path} cannot be read ({type(err).__name__}); "
-            f"delete it or train without --resume"
-        ) from None
-    # A setting newer than the checkpoint: it ran with the default.
-    check_saved_settings(f"checkpoint {path}", state.get("config", {}),
-                         config, _CHECKPOINT_KEYS, defaults=TrainConfig())
-    done = len(state["record"]["epochs"]) if state.get("record") else 0
-    done = max([done] + [len(r["epochs"]) for r in state["completed"]])
-    if done > config.epochs or len(state["completed"]) > config.runs:
-        raise CheckpointError(
-            f"checkpoint {path} already holds {done} epoch(s) and "
-            f"{len(state['completed'])} finished run(s), more than --epochs "
-            f"{config.epochs} --runs {config.runs}: raise them or use "
-            f"another --out")
-    return state

@@ -145,13 +145,13 @@ def test_a_last_batch_of_one_single_node_graph_joins_the_one_before():
     """Batch norm cannot train on one node: a last batch of one graph
     (of one node: methane in ogbg-molfreesolv) is folded into the one
     before instead of failing."""
-    from hmgraph.classify import _Trainer
     from hmgraph.datasets.tu import GraphDataset
+    from hmgraph.graph_training import Trainer
 
     data = GraphDataset.from_edges(
         "DOTS", [], [], [1] * 5, torch.eye(3)[[0, 1, 2, 0, 1]],
         [0, 1, 0, 1, 0], num_classes=2)
     config = ClassifyConfig(model="gin", batch_size=4, hidden=8, levels=2)
-    trainer = _Trainer(config, data, torch.arange(5), seed=0, device="cpu")
+    trainer = Trainer(config, data, torch.arange(5), seed=0, device="cpu")
     loss = trainer.epoch(0)
     assert loss > 0 and torch.isfinite(torch.tensor(loss))

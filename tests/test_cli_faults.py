@@ -76,7 +76,7 @@ def no_training(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a fold trained before the error")
 
-    monkeypatch.setattr(classify, "_train_fold", refuse)
+    monkeypatch.setattr(classify, "train_fold", refuse)
 
 
 def test_classify_device_bogus_is_one_line(capsys):

@@ -225,8 +225,8 @@ def test_hot_first_training_profiles_once(tiny, tmp_path, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(presample_module, "presample", counting)
-    # hmgraph.train binds the name at import; the loader imports it late.
-    monkeypatch.setattr(importlib.import_module("hmgraph.train"),
+    # hmgraph.layout binds the name at import; the loader imports it late.
+    monkeypatch.setattr(importlib.import_module("hmgraph.layout"),
                         "presample", counting)
     result = train(_config(tmp_path, layout="hot-first"), dataset=tiny)
     assert result["layout"]["name"] == "hot-first"

@@ -464,6 +464,7 @@ def test_auto_evaluation_prices_layerwise_reads_with_the_disk_model(
     uncached byte) under the limit."""
     import dgl
 
+    from hmgraph import evaluation
     from hmgraph import train as training
     from hmgraph.cache.disk import disk_model
 
@@ -485,7 +486,8 @@ def test_auto_evaluation_prices_layerwise_reads_with_the_disk_model(
             uncached / max(model.gap_bytes, row_bytes), uncached))
         assert seconds > 0
         assert training.resolve_eval(config, data, loader) == "layerwise"
-        monkeypatch.setattr(training, "LAYERWISE_READ_LIMIT_SECONDS",
+        # resolve_eval reads the limit where it lives (hmgraph.evaluation).
+        monkeypatch.setattr(evaluation, "LAYERWISE_READ_LIMIT_SECONDS",
                             seconds / 2)
         assert training.resolve_eval(config, data, loader) == "sampled"
     finally:

@@ -29,7 +29,6 @@ import os
 from pathlib import Path
 
 __all__ = [
-    "add_workload_arguments",
     "budget_text",
     "check_out_folder",
     "device_name",
@@ -324,27 +323,3 @@ def check_out_folder(out: str, flag: str = "--out") -> None:
         raise ValueError(f"{flag} {out}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {out}: cannot write under {parent}")
-
-
-def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--dataset``, ``--root``, ``--fanouts`` and ``--batch-size``.
-
-    As ``hmgraph train`` takes them; used by the commands that sample a
-    dataset the way training would (``analyze``, ``bench``,
-    ``partition``).
-
-    Parameters
-    ----------
-    parser : argparse.ArgumentParser
-        The (sub)command's parser.
-    """
-    from hmgraph.datasets import known_datasets  # lazy: brings torch
-
-    parser.add_argument("--dataset", default="synth-small",
-                        help=f"one of: {', '.join(known_datasets())}")
-    parser.add_argument("--root", default="data",
-                        help="folder holding datasets (default: data)")
-    parser.add_argument("--fanouts", type=parse_fanouts,
-                        default=[15, 10, 5],
-                        help="neighbours per layer, e.g. 15,10,5")
-    parser.add_argument("--batch-size", type=positive_int, default=1024)

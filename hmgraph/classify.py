@@ -59,12 +59,12 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from hmgraph.args import check_out_folder
 from hmgraph.cache.format import atomic_path
 from hmgraph.fold_records import (
     FOLD_KEYS,
@@ -89,6 +89,13 @@ from hmgraph.protocol import (
     train_fold,
 )
 from hmgraph.selection import config_name, parse_grid, select_per_fold
+from hmgraph.settings import (
+    SELECTIONS,
+    SMOOTH_CV,
+    ClassifyConfig,
+    add_arguments,
+    from_args,
+)
 
 log = logging.getLogger(__name__)
 
@@ -117,84 +124,6 @@ __all__ = [
     "target_scale",
     "task_loss",
 ]
-
-
-@dataclass
-class ClassifyConfig:
-    """Settings of one cross-validated run (all JSON-serialisable).
-
-    Attributes
-    ----------
-    dataset : str
-        A TU folder name under ``root`` (``MUTAG``) or an OGB name
-        (``ogbg-molbace``).
-    model : str
-        A key of `POOLING_MODELS`.
-    folds : int
-        Cross-validation folds (or seeds on an official split).
-    max_folds : int
-        Run only the first this many folds (0: all); the summary says so.
-    epochs, patience : int
-        Epoch cap and early-stopping patience (on validation).
-    ratio : float or None
-        Pooling ratio; None takes the model's default.
-    dropout : float or None
-        Classifier-head dropout; None takes the model's default
-        (`hmgraph.models.pooling.default_dropout`: 0 for HAP, 0.5 for
-        the baselines).
-    selection : str
-        How the epoch is picked (`SELECTIONS`): ``"inner"`` (inner
-        k-fold over the training fold; the inner models predict
-        together), ``"inner-retrain"`` (the same, then one model
-        retrained on all of it) or ``"holdout"`` (the carved validation
-        set). Official splits always select on their own validation set.
-    smooth : int or None
-        Epochs of the trailing mean over the validation curve that picks
-        the epoch (1: the raw curve). None: `SMOOTH_CV` on
-        cross-validation, 1 on an official split (OGB's protocol).
-    inner_folds : int
-        Inner folds of ``selection="inner"``.
-    clip : float
-        Gradient-norm clip (0: none).
-    resume : bool
-        Reuse the folds an earlier run left in ``out/folds`` (same
-        settings, `FOLD_KEYS`; another setting is refused).
-    """
-
-    dataset: str = "MUTAG"
-    root: str = "data"
-    model: str = "hap"
-    folds: int = 10
-    max_folds: int = 0
-    epochs: int = 100
-    patience: int = 20
-    batch_size: int = 128
-    hidden: int = 64
-    levels: int = 3
-    ratio: float | None = None
-    dropout: float | None = None
-    lr: float = 0.001
-    weight_decay: float = 0.0
-    seed: int = 0
-    device: str = "cpu"
-    selection: str = "inner"
-    smooth: int | None = None
-    inner_folds: int = 3
-    clip: float = 0.0
-    out: str = "runs/classify"
-    progress: bool = True
-    resume: bool = False
-
-    def as_dict(self) -> dict:
-        """The settings as a plain dict."""
-        return dataclasses.asdict(self)
-
-
-
-#: Default smoothing of the validation curve on cross-validated sets.
-SMOOTH_CV = 5
-#: Epoch selections (`ClassifyConfig.selection`).
-SELECTIONS = ("inner", "inner-retrain", "holdout")
 
 
 def load_graph_dataset(name: str, root: str | os.PathLike):
@@ -441,82 +370,23 @@ def format_markdown(result: dict) -> str:
 def add_parser(commands):
     """Add the ``classify`` subcommand to an argparse subparsers object.
 
-    Returns the new parser; `command` runs it.
+    Returns the new parser; `command` runs it. The flags are those of
+    `ClassifyConfig`'s fields, plus ``--grid``.
     """
-    from hmgraph.args import (
-        device_name,
-        fraction,
-        non_negative_float,
-        non_negative_int,
-        positive_int,
-    )
-    from hmgraph.models.pooling import POOLING_MODELS
-
     parser = commands.add_parser(
         "classify", help="graph classification with pooling models",
-        description="Cross-validate a graph classifier (HAP or a pooling "
-        "baseline) on a TU dataset (stratified k-fold, validation carved "
-        "from each training fold) or an OGB graph dataset (official split); "
-        "writes JSON and a markdown table.",
+        description="""
+        Cross-validate a graph classifier (HAP or a pooling baseline) on a
+        TU dataset (stratified k-fold, validation carved from each training
+        fold) or an OGB graph dataset (official split); writes JSON and a
+        markdown table.""",
     )
-    parser.add_argument("--dataset", default="MUTAG",
-                        help="TU folder under --root (MUTAG, PROTEINS, "
-                        "NCI1, ENZYMES, ...) or an OGB molecule set "
-                        "(ogbg-molbace, ogbg-molesol, ogbg-moltox21, ...)")
-    parser.add_argument("--root", default="data",
-                        help="folder holding the datasets")
-    parser.add_argument("--model", default="hap",
-                        choices=sorted(POOLING_MODELS))
-    parser.add_argument("--folds", type=positive_int, default=10)
-    parser.add_argument("--max-folds", type=non_negative_int, default=0,
-                        help="run only the first N folds (default: all)")
-    parser.add_argument("--epochs", type=positive_int, default=100)
-    parser.add_argument("--patience", type=positive_int, default=20)
-    parser.add_argument("--batch-size", type=positive_int, default=128)
-    parser.add_argument("--hidden", type=positive_int, default=64)
-    parser.add_argument("--levels", type=positive_int, default=3,
-                        help="readout levels (GIN: layers)")
-    parser.add_argument("--ratio", type=float, default=None,
-                        help="pooling ratio in (0, 1] (default: the "
-                        "model's)")
-    parser.add_argument("--dropout", type=fraction, default=None,
-                        help="classifier-head dropout (default: the "
-                        "model's, 0 for hap, 0.5 for the baselines)")
-    parser.add_argument("--lr", type=float, default=0.001)
-    parser.add_argument("--weight-decay", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", type=device_name, default="cpu",
-                        help="cpu, cuda or cuda:N")
-    parser.add_argument("--selection", choices=SELECTIONS,
-                        default=ClassifyConfig.selection,
-                        help="how the epoch is picked on cross-validated "
-                        "sets: inner (inner k-fold of the training fold, "
-                        "the inner models predict together), "
-                        "inner-retrain (the same, then one model trained "
-                        "on all of it) or holdout (one carved validation "
-                        "set); official splits use their own valid")
-    parser.add_argument("--smooth", type=positive_int, default=None,
-                        help="pick the epoch on the trailing mean of this "
-                        f"many epochs of the validation curve (default: "
-                        f"{SMOOTH_CV} on cross-validation, 1 on an official "
-                        f"split, as OGB's protocol)")
-    parser.add_argument("--inner-folds", type=positive_int,
-                        default=ClassifyConfig.inner_folds,
-                        help="inner folds of --selection inner (>= 2)")
-    parser.add_argument("--clip", type=non_negative_float, default=0.0,
-                        help="clip the gradient norm (0: no clipping)")
-    parser.add_argument("--out", default=None,
-                        help="output folder (default runs/classify-DATASET-"
-                        "MODEL)")
+    add_arguments(parser, ClassifyConfig, changes={"out": {"default": None}})
     parser.add_argument("--grid", default="",
                         help="search, e.g. 'batch_size=32,128;dropout=0,0.5'"
                         ": every configuration cross-validated, per fold "
                         "the best on validation scored on test (keys: "
                         "batch_size, dropout, lr, hidden, weight_decay)")
-    parser.add_argument("--resume", action="store_true",
-                        help="reuse the folds a killed run left in --out "
-                        "(same settings)")
-    parser.add_argument("--no-progress", action="store_true")
     return parser
 
 
@@ -528,8 +398,6 @@ def command(args) -> int:
     ValueError
         A bad value (the CLI prints it as one line).
     """
-    from hmgraph.args import check_out_folder
-
     grid = parse_grid(args.grid) if args.grid else None
     if args.ratio is not None and not 0.0 < args.ratio <= 1.0:
         raise ValueError(f"--ratio {args.ratio}: must be in (0, 1]")
@@ -543,16 +411,7 @@ def command(args) -> int:
                          f"use --device cpu")
     out = args.out or f"runs/classify-{args.dataset}-{args.model}"
     check_out_folder(out)
-    config = ClassifyConfig(
-        dataset=args.dataset, root=args.root, model=args.model,
-        folds=args.folds, max_folds=args.max_folds, epochs=args.epochs,
-        patience=args.patience, batch_size=args.batch_size,
-        hidden=args.hidden, levels=args.levels, ratio=args.ratio,
-        dropout=args.dropout, lr=args.lr, weight_decay=args.weight_decay,
-        seed=args.seed, device=args.device, selection=args.selection,
-        smooth=args.smooth, inner_folds=args.inner_folds, clip=args.clip,
-        out=out, progress=not args.no_progress, resume=args.resume,
-    )
+    config = ClassifyConfig(**from_args(ClassifyConfig, args, out=out))
     result = run_grid(config, grid) if grid else run(config)
     print(format_markdown(result), end="")
     print(f"results: {result['path']}")

@@ -11,21 +11,16 @@ import logging
 import sys
 
 import hmgraph.openmp  # noqa: F401  (OMP_WAIT_POLICY, before torch loads)
+from hmgraph import settings
 from hmgraph.args import (
-    add_workload_arguments,
     budget_text,
     check_out_folder,
-    device_name,
-    fraction,
     name_list,
-    non_negative_float,
     non_negative_int,
     parse_budget_shares,
-    parse_fanouts,
-    positive_float,
     positive_int,
-    unit_interval,
 )
+from hmgraph.settings import TrainConfig, add_arguments
 
 __all__ = ["main"]
 
@@ -44,7 +39,8 @@ class _Parser(argparse.ArgumentParser):
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="hmgraph",
-        description="GNN training on graphs whose features outgrow memory.",
+        description="""
+        GNN training on graphs whose features outgrow memory.""",
     )
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log debug messages")
@@ -64,172 +60,69 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _add_train_parser(commands) -> None:
-    """``hmgraph train``: the model, the run, sampling and the cache."""
-    # Lazy: the datasets' and models' registries load torch and DGL.
-    from hmgraph.datasets import known_datasets
-    from hmgraph.models import MODELS
+    """``hmgraph train``: the model, the run, sampling, cache and storage.
+
+    The flags of `TrainConfig`'s fields, those the table tunes
+    (`hmgraph.defaults.TUNED`) defaulting to the table, plus ``--layers``.
+    """
+    # Lazy: the table of defaults loads the datasets' registry (torch).
+    from hmgraph.defaults import TUNED
 
     train = commands.add_parser(
         "train", help="node classification with neighbour sampling",
-        description="Train a GNN node classifier with mini-batch neighbour "
-        "sampling and report OGB-style results.",
+        description="""
+        Train a GNN node classifier with mini-batch neighbour sampling and
+        report OGB-style results.""",
     )
-    train.add_argument("--dataset", default="synth-small",
-                       help=f"one of: {', '.join(known_datasets())}")
-    train.add_argument("--root", default="data",
-                       help="folder holding datasets (default: data)")
-    train.add_argument("--model", default="sage", choices=sorted(MODELS))
     tuned = "(default: the table for the dataset's family, printed at "\
         "start; see the README)"
-    train.add_argument("--fanouts", type=parse_fanouts, default=None,
-                       help="neighbours per layer, input layer first, e.g. "
-                       "15,10,5; -1 takes all; the count sets the number of "
-                       f"layers {tuned}")
-    train.add_argument("--batch-size", type=positive_int, default=None,
-                       help=tuned)
-    train.add_argument("--hidden", type=positive_int, default=None,
-                       help=tuned)
-    train.add_argument("--layers", type=positive_int, default=None,
-                       help="number of layers; must match the fanouts "
-                       "(a single fanout is repeated; the table's fanouts "
-                       "are cut or extended at the input end)")
-    train.add_argument("--dropout", type=fraction, default=None,
-                       help=f"after each hidden layer {tuned}")
-    train.add_argument("--input-dropout", type=fraction, default=None,
-                       help=f"on the input features {tuned}")
-    train.add_argument("--attn-dropout", type=fraction, default=None,
-                       help=f"on attention weights (gat) {tuned}")
-    train.add_argument("--lr", type=positive_float, default=None,
-                       help=tuned)
-    train.add_argument("--weight-decay", type=non_negative_float,
-                       default=None, help=tuned)
-    train.add_argument("--num-heads", type=positive_int, default=None,
-                       help=f"attention heads (gat) {tuned}")
-    train.add_argument("--epochs", type=positive_int, default=None,
-                       help=tuned)
-    train.add_argument("--runs", type=positive_int, default=1)
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--device", type=device_name, default="cpu",
-                       help="cpu, cuda or cuda:N")
-    train.add_argument("--eval-every", type=positive_int, default=1)
-    train.add_argument("--eval", default="auto",
-                       choices=["auto", "layerwise", "sampled"],
-                       help="full-neighbour layer-wise inference on every "
-                       "node, or the training fanouts on valid and test "
-                       "nodes (auto: layer-wise unless, with features on "
-                       "disk, it would read over 32 GiB from storage)")
-    train.add_argument("--out", default=None,
-                       help="output folder (default runs/DATASET-MODEL)")
-    _add_sampling_arguments(train)
-    _add_cache_arguments(train)
-    train.add_argument("--resume", action="store_true",
-                       help="continue from OUT/checkpoint.pt")
-    train.add_argument("--no-verify", action="store_true",
-                       help="skip the feature file's checksum")
-    train.add_argument("--no-progress", action="store_true")
-
-
-def _add_sampling_arguments(train: argparse.ArgumentParser) -> None:
-    """``hmgraph train``'s sampling group: sampler, clusters, layout."""
-    sampling = train.add_argument_group("sampling")
-    sampling.add_argument("--sampler", default="neighbor",
-                          choices=["neighbor", "cluster"],
-                          help="DGL's neighbour sampler, or cluster "
-                          "sampling (2PGraph)")
-    sampling.add_argument("--clusters", type=non_negative_int, default=0,
-                          help="METIS clusters (default: one per batch)")
-    sampling.add_argument("--locality", type=unit_interval, default=1.0,
-                          help="0: uniform neighbours .. 1: only inside "
-                          "the cluster")
-    sampling.add_argument("--group-size", type=positive_int, default=4,
-                          help="clusters mixed into the same batches")
-    sampling.add_argument("--renumber", action="store_true",
-                          help="make clusters contiguous id ranges "
-                          "(feature file rewritten once)")
-    sampling.add_argument("--layout", default="auto",
-                          choices=["auto", "file", "hot-first"],
-                          help="order of the feature file's rows: as "
-                          "stored, or hot-first (nodes renumbered hottest "
-                          "first by a profile of the training batches, "
-                          "inside each cluster with --renumber, so cached "
-                          "rows fill whole pages and misses fall on cold "
-                          "ones; the file is rewritten once and cached "
-                          "beside it). auto: hot-first with features on "
-                          "disk and a profiled cache (presample, "
-                          "layer-aware, hmgraph), else file")
-
-
-def _add_cache_arguments(train: argparse.ArgumentParser) -> None:
-    """``hmgraph train``'s feature cache group: policy, budgets, reuse."""
-    # Lazy: the policies' registry loads torch.
-    from hmgraph.cache.policies import POLICIES
-
-    cache = train.add_argument_group("feature cache")
-    cache.add_argument("--cache", default=None,
-                       choices=[n for n in POLICIES if n != "belady"],
-                       help="cache policy (default: no cache)")
-    cache.add_argument("--device-budget", default="0",
-                       help="device tier memory: 512MB, 2GB or 5%% of the "
-                       "feature bytes")
-    cache.add_argument("--host-budget", default="auto",
-                       help="host tier memory, same forms, or auto "
-                       "(default: with features on disk, what is free "
-                       "after the graph, the working set and 2 GiB; "
-                       "with features in memory, 0)")
-    cache.add_argument("--features-on", default="memory",
-                       choices=["memory", "disk"],
-                       help="rows in memory, or read from the feature file "
-                       "with O_DIRECT")
-    cache.add_argument("--prefetch", type=non_negative_int, default=None,
-                       help="batches sampled and fetched ahead in threads "
-                       "(default: 1 with features on disk, three batches of "
-                       "rows in flight; 2 in memory)")
-    cache.add_argument("--window", type=non_negative_int, default=4,
-                       help="lookahead batches for the hmgraph cache")
-    cache.add_argument("--reuse", default="none",
-                       choices=["none", "one-level", "two-level"],
-                       help="keep rows of recent batches on the device")
-    cache.add_argument("--placement", default="frequency",
-                       choices=["frequency", "layer-aware"],
-                       help="rank of rows for static placement")
-    cache.add_argument("--profile-batches", type=positive_int, default=32,
-                       help="batches sampled to plan the cache")
+    changes = {name: {"default": None, "help": " ".join(
+        filter(None, [settings.help_of(TrainConfig, name), tuned]))}
+        for name in TUNED}
+    changes["out"] = {"default": None}
+    for title, concern in settings.TRAIN_CONCERNS.items():
+        group = train if title == "run" else train.add_argument_group(title)
+        add_arguments(group, TrainConfig, settings.cli_names(concern),
+                      changes=changes)
+        if title == "model":
+            group.add_argument(
+                "--layers", type=positive_int, default=None,
+                help="number of layers; must match the fanouts (a single "
+                "fanout is repeated; the table's fanouts are cut or "
+                "extended at the input end)")
 
 
 def _add_analyze_parser(commands) -> None:
     """``hmgraph analyze``: replay cache policies on a traced epoch."""
     analyze = commands.add_parser(
         "analyze", help="replay cache policies on an epoch's accesses",
-        description="Record the access trace of an epoch, replay every "
-        "cache policy at several budgets against Belady's optimum, and "
-        "write JSON, PNG plots and a markdown summary.",
+        description="""
+        Record the access trace of an epoch, replay every cache policy at
+        several budgets against Belady's optimum, and write JSON, PNG plots
+        and a markdown summary.""",
     )
-    add_workload_arguments(analyze)
+    add_arguments(analyze, TrainConfig, settings.WORKLOAD)
     analyze.add_argument("--batches", type=non_negative_int, default=0,
                          help="batches to trace (default: one epoch)")
     analyze.add_argument("--budgets", type=parse_budget_shares,
                          default=[0.01, 0.02, 0.05, 0.10, 0.20, 0.40],
                          help="capacities in %% of rows, e.g. 1,5,20")
-    analyze.add_argument("--sampler", default="neighbor",
-                         choices=["neighbor", "cluster"])
-    analyze.add_argument("--clusters", type=non_negative_int, default=0)
-    analyze.add_argument("--locality", type=unit_interval, default=1.0)
-    analyze.add_argument("--profile-batches", type=positive_int,
-                         default=32)
-    analyze.add_argument("--seed", type=int, default=0)
+    add_arguments(analyze, TrainConfig, ["sampler", "clusters", "locality",
+                                         "profile_batches", "seed"])
     analyze.add_argument("--out", default="bench/results")
-    analyze.add_argument("--no-verify", action="store_true")
+    add_arguments(analyze, TrainConfig, ["verify"])
 
 
 def _add_disk_parser(commands) -> None:
     """``hmgraph disk``: the disk model of a feature file."""
     disk = commands.add_parser(
         "disk", help="the disk model a feature file is read with",
-        description="Print the disk model the storage tier plans and "
-        "prices reads with (logical block size, random 4 KiB reads/s at "
-        "each queue depth from 1 to 128 and the depth where they stop "
-        "growing, sequential bandwidth there, break-even gap), measured "
-        "once on the file and cached beside it; --refresh measures again.",
+        description="""
+        Print the disk model the storage tier plans and prices reads with
+        (logical block size, random 4 KiB reads/s at each queue depth from 1
+        to 128 and the depth where they stop growing, sequential bandwidth
+        there, break-even gap), measured once on the file and cached beside
+        it; --refresh measures again.""",
     )
     disk.add_argument("path", help="a feature file (node-feat.bin)")
     disk.add_argument("--threads", type=positive_int, default=None,
@@ -243,17 +136,17 @@ def _add_bench_parser(commands) -> None:
     """``hmgraph bench``: every configuration side by side."""
     bench = commands.add_parser(
         "bench", help="every configuration side by side",
-        description="Train the same model with DGL's loader (in memory, "
-        "and memmap with a cold page cache) and with hmgraph's loader "
-        "under each cache policy, reuse and cluster sampling; one table.",
+        description="""
+        Train the same model with DGL's loader (in memory, and memmap with a
+        cold page cache) and with hmgraph's loader under each cache policy,
+        reuse and cluster sampling; one table.""",
     )
-    add_workload_arguments(bench)
-    bench.add_argument("--epochs", type=positive_int, default=1)
-    bench.add_argument("--hidden", type=positive_int, default=256)
-    bench.add_argument("--lr", type=float, default=0.003)
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--device-budget", default="5%", type=budget_text)
-    bench.add_argument("--host-budget", default="20%", type=budget_text)
+    add_arguments(bench, TrainConfig, [
+        *settings.WORKLOAD, "epochs", "hidden", "lr", "seed", "device_budget",
+        "host_budget"], changes={
+            "epochs": {"default": 1},
+            **{name: dict(change, type=budget_text)
+               for name, change in settings.SHARE_BUDGETS.items()}})
     bench.add_argument("--configs", type=name_list(), default=None,
                        help="subset, comma separated")
     bench.add_argument("--amortize-epochs", type=positive_int, default=10,
@@ -293,12 +186,12 @@ def _train_command(args) -> int:
 
     from hmgraph import defaults
     from hmgraph.report import format_result
-    from hmgraph.train import TrainConfig, train
+    from hmgraph.train import train
 
     # (1) The tuned settings: the flags given, the table for the rest.
     given = {name: getattr(args, name) for name in defaults.TUNED}
-    settings, defaulted = defaults.resolve(args.dataset, args.model, given)
-    fanouts = settings["fanouts"]
+    tuned, defaulted = defaults.resolve(args.dataset, args.model, given)
+    fanouts = tuned["fanouts"]
     if args.layers is not None:
         if args.fanouts is None:
             fanouts = defaults.fit_fanouts(fanouts, args.layers)
@@ -309,29 +202,16 @@ def _train_command(args) -> int:
                 f"--layers {args.layers} does not match --fanouts "
                 f"{','.join(map(str, fanouts))} ({len(fanouts)} layers)"
             )
-    settings["fanouts"] = fanouts
+    tuned["fanouts"] = fanouts
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise CliError(f"--device {args.device}: no CUDA device here; "
                        f"use --device cpu")
-    check_out_folder(args.out or f"runs/{args.dataset}-{args.model}")
-    config = TrainConfig(
-        dataset=args.dataset, root=args.root, model=args.model,
-        **settings, runs=args.runs, seed=args.seed, device=args.device,
-        eval_every=args.eval_every,
-        eval=args.eval, out=args.out or f"runs/{args.dataset}-{args.model}",
-        cache=args.cache, device_budget=args.device_budget,
-        host_budget=args.host_budget, features_on=args.features_on,
-        prefetch=args.prefetch, window=args.window,
-        profile_batches=args.profile_batches, reuse=args.reuse,
-        placement=args.placement, sampler=args.sampler,
-        clusters=args.clusters, locality=args.locality,
-        group_size=args.group_size,
-        renumber=args.renumber, layout=args.layout, resume=args.resume,
-        verify=not args.no_verify,
-        progress=not args.no_progress,
-    )
+    out = args.out or f"runs/{args.dataset}-{args.model}"
+    check_out_folder(out)
+    config = TrainConfig(**settings.from_args(TrainConfig, args, **tuned,
+                                            out=out))
     # (2) Say which defaults this run took, before any loading.
-    print(defaults.describe(args.dataset, args.model, settings, defaulted),
+    print(defaults.describe(args.dataset, args.model, tuned, defaulted),
           flush=True)
     result = train(config)
     print(format_result(result))

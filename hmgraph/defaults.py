@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from hmgraph.datasets import known_datasets
 from hmgraph.datasets.planetoid import PLANETOID
+from hmgraph.settings import TrainConfig, default_of
 
 __all__ = [
     "DATASET_DEFAULTS",
@@ -54,11 +55,8 @@ __all__ = [
 TUNED = ("fanouts", "batch_size", "hidden", "dropout", "input_dropout",
          "attn_dropout", "lr", "weight_decay", "num_heads", "epochs")
 
-_PRODUCTS_SCALE = {
-    "fanouts": [15, 10, 5], "batch_size": 1024, "hidden": 256,
-    "dropout": 0.5, "input_dropout": 0.0, "attn_dropout": 0.0,
-    "lr": 0.003, "weight_decay": 0.0, "num_heads": 4, "epochs": 5,
-}
+# `TrainConfig`'s own defaults: the products-scale settings.
+_PRODUCTS_SCALE = {name: default_of(TrainConfig, name) for name in TUNED}
 
 #: Settings per dataset family; every family sets every name in `TUNED`.
 FAMILY_DEFAULTS = {

@@ -9,12 +9,10 @@ after every epoch, and a JSON result file.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import dgl
@@ -54,6 +52,7 @@ from hmgraph.memory import (
 )
 from hmgraph.models import build_model
 from hmgraph.models.layers import add_gcn_degrees
+from hmgraph.settings import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -67,126 +66,6 @@ __all__ = ["LAYERWISE_READ_LIMIT_SECONDS", "LAYOUTS", "CheckpointError",
            "memory_promise", "peak_rss_bytes", "prefetch_depth", "prepare",
            "resolve_eval", "resolve_layout", "summarize", "train",
            "working_set_bytes"]
-
-@dataclass
-class TrainConfig:
-    """Settings of one training job (all JSON-serialisable).
-
-    Attributes
-    ----------
-    fanouts : list of int
-        Neighbours sampled per layer, first layer first; -1 takes all.
-        Its length is the number of GNN layers.
-    input_dropout : float
-        Dropout on the input features (Kipf & Welling's GCN and GAT use
-        the hidden rate on Planetoid).
-    attn_dropout : float
-        Dropout on GAT's attention weights.
-    eval_every : int
-        Evaluate (full-neighbour inference on all nodes) every this many
-        epochs and after the last one.
-    cache : str or None
-        Cache policy (``hmgraph``, ``presample``, ...); None: no cache.
-    device_budget, host_budget : str
-        ``"512MB"``, ``"2GB"`` or a share of the feature bytes (``"5%"``).
-        ``host_budget="auto"`` (the default) sizes the host tier from the
-        free memory after the graph, less the run's working set and a
-        2 GiB reserve, with features on disk; 0 with features in memory.
-    eval : str
-        ``"layerwise"``: full-neighbour layer-wise inference over every
-        node (rows in node-id order, chunk by chunk; on disk through the
-        cache without changing it). ``"sampled"``: the training fanouts
-        over the validation and test nodes only, as DGL's out-of-core
-        examples evaluate; the train metric is then the epoch's running
-        accuracy. ``"auto"``: layer-wise, unless features are on disk and
-        the disk model prices its storage reads over
-        `LAYERWISE_READ_LIMIT_SECONDS`
-        (see `resolve_eval`).
-    features_on : str
-        ``"memory"`` (rows in RAM) or ``"disk"`` (the feature file, read
-        with O_DIRECT by the storage tier).
-    prefetch : int or None
-        Batches fetched ahead in a thread. None: 1 with features on disk
-        (three batches of rows in flight: one training, one fetched, one
-        being fetched, the bound the memory promise counts), 2 in memory.
-    sampler : str
-        ``"neighbor"`` (DGL's) or ``"cluster"`` (`ClusterSampler`).
-    clusters : int
-        METIS clusters for the cluster sampler and renumbering; 0 picks
-        one per mini-batch of the train split.
-    renumber : bool
-        Renumber nodes so clusters are contiguous (graph and feature file
-        rewritten once, cached); evaluation stays in original ids.
-    layout : str
-        Order of the rows in the feature file. ``"file"``: as stored.
-        ``"hot-first"``: nodes renumbered hottest first by a profiling pass
-        of the training loader's own batches (inside each cluster with
-        ``renumber``), so the rows a static cache holds fill whole pages
-        and storage misses fall on cold pages; the feature file is
-        rewritten once and cached beside it, under a folder named by the
-        order (``renumbered-hot-first-<digest>/``): another order (another
-        seed or profile) gets a folder of its own, so runs sharing a root
-        never rewrite each other's (the profile samples on one thread, so
-        the same settings repeat it and reuse the folder).
-        ``"auto"``: hot-first with features on disk and a profiled cache
-        policy (``presample``, ``layer-aware``, ``hmgraph``), else file
-        (see `resolve_layout`).
-    loader_only : bool
-        After training, time one more epoch of the loader alone
-        (sampling, fetch and transfer, no model: what a GPU trainer waits
-        for), recorded as ``result["loader_only"]``; it changes nothing
-        the training measured.
-    """
-
-    dataset: str = "synth-small"
-    root: str = "data"
-    model: str = "sage"
-    fanouts: list = field(default_factory=lambda: [15, 10, 5])
-    batch_size: int = 1024
-    hidden: int = 256
-    dropout: float = 0.5
-    input_dropout: float = 0.0
-    attn_dropout: float = 0.0
-    lr: float = 0.003
-    weight_decay: float = 0.0
-    num_heads: int = 4
-    epochs: int = 5
-    runs: int = 1
-    seed: int = 0
-    device: str = "cpu"
-    eval_every: int = 1
-    eval_batch_size: int = 8192
-    out: str = "runs/latest"
-    cache: str | None = None
-    device_budget: str = "0"
-    host_budget: str = "auto"
-    features_on: str = "memory"
-    eval: str = "auto"
-    prefetch: int | None = None
-    window: int = 4
-    profile_batches: int = 32
-    reuse: str = "none"
-    placement: str = "frequency"
-    sampler: str = "neighbor"
-    clusters: int = 0
-    locality: float = 1.0
-    group_size: int = 4
-    renumber: bool = False
-    layout: str = "auto"
-    resume: bool = False
-    verify: bool = True
-    progress: bool = True
-    loader_only: bool = False
-
-    @property
-    def layers(self) -> int:
-        """Number of GNN layers (one per fanout)."""
-        return len(self.fanouts)
-
-    def as_dict(self) -> dict:
-        """The settings as a plain dict."""
-        return dataclasses.asdict(self)
-
 
 def train(config: TrainConfig, dataset=None) -> dict:
     """Train and evaluate; write ``result.json`` under ``config.out``.

@@ -10,16 +10,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from hmgraph.args import (
-    add_workload_arguments,
-    fraction,
-    non_negative_int,
-    parse_fanouts,
-    positive_int,
-)
+from hmgraph.args import non_negative_int, positive_int
 from hmgraph.cache.budget import parse_budget
 from hmgraph.cache.format import open_feature_file
-from hmgraph.cache.policies import POLICIES
 from hmgraph.datasets import load
 from hmgraph.distributed.launcher import LaunchError, launch
 from hmgraph.markdown import markdown_table
@@ -29,6 +22,13 @@ from hmgraph.partition import (
     read_partition_info,
     write_partitions,
 )
+from hmgraph.settings import (
+    SHARE_BUDGETS,
+    WORKLOAD,
+    TrainConfig,
+    add_arguments,
+    cache_policies,
+)
 
 __all__ = ["add_parsers", "make_partitions", "partition_command",
            "train_dist_command"]
@@ -36,19 +36,16 @@ __all__ = ["add_parsers", "make_partitions", "partition_command",
 
 def add_parsers(commands) -> None:
     """Add ``partition`` and ``train-dist`` to an argparse subparsers."""
-    # Lazy, as the samplers below: the models and the samplers load DGL
-    # (4 s), which the rest of the parser needs none of.
-    from hmgraph.models import MODELS
-
     part = commands.add_parser(
         "partition", help="partition a dataset for DGL's distributed engine",
-        description="Split a dataset into parts that dgl.distributed loads "
-        "unchanged (DGL's JSON config, one folder per part), with DGL's "
-        "random or METIS assignment or hmgraph's self-dependence (2PGraph) "
-        "or hierarchy (HMGraph) methods; prints edge cut, replication and "
-        "one epoch's remote traffic per part.",
+        description="""
+        Split a dataset into parts that dgl.distributed loads unchanged
+        (DGL's JSON config, one folder per part), with DGL's random or METIS
+        assignment or hmgraph's self-dependence (2PGraph) or hierarchy
+        (HMGraph) methods; prints edge cut, replication and one epoch's
+        remote traffic per part.""",
     )
-    add_workload_arguments(part)
+    add_arguments(part, TrainConfig, WORKLOAD)
     part.add_argument("--parts", type=positive_int, required=True)
     part.add_argument("--method", default="metis", choices=METHODS)
     part.add_argument("--out", required=True, help="output folder")
@@ -58,46 +55,39 @@ def add_parsers(commands) -> None:
     part.add_argument("--replication", type=float, default=0.5,
                       help="replicated vertices per part, as a share of "
                       "the vertices it owns (0.5: factor <= 1.5)")
-    part.add_argument("--device-budget", default="5%",
-                      help="each machine's device tier (512MB, 2GB, 5%%)")
-    part.add_argument("--host-budget", default="20%",
-                      help="each machine's host tier")
+    add_arguments(part, TrainConfig, ["device_budget", "host_budget"],
+                  changes=_each_machine(SHARE_BUDGETS))
     part.add_argument("--machine-budgets", default=None,
                       help="fast-tier bytes per machine, comma separated "
                       "(overrides the two above), e.g. 2GB,1GB,1GB,1GB")
     part.add_argument("--halo-hops", type=positive_int, default=1)
-    part.add_argument("--seed", type=int, default=0)
+    add_arguments(part, TrainConfig, ["seed"])
     part.add_argument("--no-stats", action="store_true",
                       help="skip the epoch replay that counts remote "
                       "traffic")
-    part.add_argument("--no-progress", action="store_true")
+    add_arguments(part, TrainConfig, ["progress"])
 
     dist = commands.add_parser(
         "train-dist", help="distributed training on loopback",
-        description="Start one DGL server per part and the trainers on "
-        "this machine, train with DistributedDataParallel, and tear "
-        "everything down (also when a process dies).",
+        description="""
+        Start one DGL server per part and the trainers on this machine,
+        train with DistributedDataParallel, and tear everything down (also
+        when a process dies).""",
     )
     dist.add_argument("--parts-dir", required=True,
                       help="written by hmgraph partition")
     dist.add_argument("--trainers", type=positive_int, default=None,
                       help="trainer processes (a multiple of the parts; "
                       "default one per part)")
-    dist.add_argument("--model", default="sage", choices=sorted(MODELS))
-    dist.add_argument("--fanouts", type=parse_fanouts, default=[15, 10, 5])
-    dist.add_argument("--batch-size", type=positive_int, default=1024,
-                      help="global batch, split evenly among trainers")
-    dist.add_argument("--hidden", type=positive_int, default=256)
-    dist.add_argument("--dropout", type=fraction, default=0.5)
-    dist.add_argument("--lr", type=float, default=0.003)
-    dist.add_argument("--epochs", type=positive_int, default=1)
-    dist.add_argument("--seed", type=int, default=0)
-    dist.add_argument("--cache", default="hmgraph",
-                      choices=["none", *[n for n in POLICIES
-                                         if n != "belady"]])
-    dist.add_argument("--device-budget", default="5%")
-    dist.add_argument("--host-budget", default="20%")
-    dist.add_argument("--device", default="cpu")
+    add_arguments(dist, TrainConfig, [
+        "model", "fanouts", "batch_size", "hidden", "dropout", "lr", "epochs",
+        "seed", "cache", "device_budget", "host_budget", "device"], changes={
+            "batch_size": {"help": "global batch, split evenly among "
+                           "trainers"},
+            "epochs": {"default": 1},
+            "cache": {"default": "hmgraph", "help": "cache policy, or none",
+                      "choices": lambda: ["none", *cache_policies()]},
+            **SHARE_BUDGETS})
     dist.add_argument("--threads", type=positive_int, default=1,
                       help="torch threads per trainer")
     dist.add_argument("--timeout", type=float, default=3600.0,
@@ -106,6 +96,14 @@ def add_parsers(commands) -> None:
                       help="print a trainer's loss every N batches")
     dist.add_argument("--out", default=None,
                       help="output folder (default runs/dist-PARTS)")
+
+
+def _each_machine(budgets: dict) -> dict:
+    """``budgets`` (`SHARE_BUDGETS`), with the help of a machine's tier."""
+    helps = {"device_budget": "each machine's device tier (512MB, 2GB, "
+             "5%%)", "host_budget": "each machine's host tier"}
+    return {name: dict(change, help=helps[name])
+            for name, change in budgets.items()}
 
 
 def _machine_budgets(args, num_parts: int, feature_bytes: int) -> list[int]:

@@ -24,7 +24,10 @@ import time
 import numpy as np
 from numba import njit, types
 
-__all__ = ["address", "read_at", "read_runs", "reads_per_second"]
+from hmgraph.cache.engine import scatter_rows
+
+__all__ = ["address", "read_at", "read_pieces", "read_runs",
+           "reads_per_second"]
 
 # ssize_t pread(int fd, void *buf, size_t count, off_t offset), with the
 # buffer passed as an address (the same register as a pointer).
@@ -71,6 +74,36 @@ def read_runs(fd, base, file_offsets, lengths, buffer_offsets, block,
             if reached <= done:
                 return i
             done = reached
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def read_pieces(fd, buffer, base, file_offsets, lengths, buffer_offsets,
+                block, piece_runs, piece_rows, row_offsets, row_bytes,
+                targets, which, where, first, stop, counts):
+    """Pieces ``first`` to ``stop - 1`` of a read plan, one after the
+    other through one buffer: read a piece's runs (`read_runs`: runs
+    ``piece_runs[p]`` to ``piece_runs[p + 1] - 1``, at buffer offsets
+    from the piece's start), then copy its rows into their places (rows
+    ``piece_rows[p]`` to ``piece_rows[p + 1] - 1``, row ``i`` from byte
+    ``row_offsets[i]`` of the buffer to row ``where[i]`` of
+    ``targets[which[i]]``).
+
+    One call per thread's share of a request: while this thread copies a
+    piece, the other threads' reads are in flight. Returns -1, or the
+    index of the first run that failed (its piece's earlier runs read,
+    none of its rows copied).
+    """
+    for p in range(first, stop):
+        r0 = piece_runs[p]
+        r1 = piece_runs[p + 1]
+        failed = read_runs(fd, base, file_offsets[r0:r1], lengths[r0:r1],
+                           buffer_offsets[r0:r1], block, counts)
+        if failed >= 0:
+            return r0 + failed
+        w0 = piece_rows[p]
+        scatter_rows(buffer, row_offsets[w0:piece_rows[p + 1]], row_bytes,
+                     targets, which, where, w0)
     return -1
 
 

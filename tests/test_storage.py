@@ -23,8 +23,10 @@ from hypothesis import strategies as st
 from hmgraph.cache import disk, storage
 from hmgraph.cache.disk import (
     DEPTHS,
+    RUN_SIZES,
     DiskModel,
     choose_depth,
+    choose_run,
     disk_model,
     measure_disk,
 )
@@ -232,8 +234,10 @@ def test_small_runs_mean_more_reads_same_rows(disk_dir):
         pages = -(-800_000 // PAGE_BYTES)
         assert big.stats.blocks_read == pages
         assert big.stats.io_requests == 1
-        # Tasks split between rows: a straddling row costs a page twice.
-        assert pages <= small.stats.blocks_read < pages + small.num_threads
+        # Tasks (two runs each, the default) split between rows: a row
+        # straddling a cut costs a page twice.
+        cuts = -(-pages // 8)
+        assert pages <= small.stats.blocks_read <= pages + cuts
         assert small.stats.io_requests >= pages // 4
 
 
@@ -366,6 +370,42 @@ def test_truncated_file_is_refused(disk_dir):
         StorageFeature(path)
 
 
+
+def test_a_run_failing_once_is_read_again(disk_dir, monkeypatch):
+    """A run the compiled loop reports failed (a transient error) is read
+    again in Python, the rest of its piece after it, and the loop goes on
+    with the next piece: every row exact, every piece read once."""
+    path = disk_dir / "feat.bin"
+    rows = make_rows((5000, 10), np.float32)  # 200,000 bytes, 49 pages
+    write_feature_file(path, rows)
+    real, failures = storage.read_pieces, []
+
+    def fail_each_piece_once(*args):
+        piece_runs, first = args[7], args[14]
+        if first not in failures:  # its second run "fails", once
+            failures.append(first)
+            if piece_runs[first + 1] - piece_runs[first] > 1:
+                counts = args[16]
+                runs = slice(piece_runs[first], piece_runs[first] + 1)
+                real_read = storage.read_runs(
+                    args[0], args[2], args[3][runs], args[4][runs],
+                    args[5][runs], args[6], counts)
+                assert real_read == -1
+                return piece_runs[first] + 1
+        return real(*args)
+
+    monkeypatch.setattr(storage, "read_pieces", fail_each_piece_once)
+    with StorageFeature(path, num_threads=1, disk=MODEL,
+                        block_bytes=PAGE_BYTES, max_gap_bytes=0,
+                        max_run_bytes=PAGE_BYTES,
+                        chunk_bytes=4 * PAGE_BYTES) as feature:
+        ids = torch.arange(0, 5000, 2)
+        assert feature.read(ids).numpy().tobytes() == rows[ids].tobytes()
+        assert len(failures) > 5  # pieces of four runs, each failed once
+        pages = -(-200_000 // PAGE_BYTES)
+        assert pages <= feature.stats.blocks_read <= pages + len(failures)
+        assert feature.stats.io_requests == feature.stats.blocks_read
+
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
 def test_file_cut_short_after_opening(disk_dir, direct):
     path = disk_dir / "feat.bin"
@@ -495,13 +535,16 @@ def test_model_prices_gaps(disk_dir):
             StorageFeature(disk_dir / "feat.bin", disk=fast_requests) as b:
         assert a.read(ids).numpy().tobytes() == rows[ids].tobytes()
         assert b.read(ids).numpy().tobytes() == rows[ids].tobytes()
-        assert a.stats.io_requests == 1  # gaps read through
+        # Gaps read through: one span, in requests of the model's size.
+        runs = -(-a.stats.bytes_read // slow_requests.run_bytes)
+        assert a.stats.io_requests == runs == 4
+        # (tasks are cut between rows, and a cut skips that one gap)
         assert a.stats.amplification == pytest.approx(
-            (int(ids[-1]) + 1) / len(ids), rel=1e-3)
+            (int(ids[-1]) + 1) / len(ids), rel=1e-2)
         assert b.stats.io_requests == len(ids)  # gaps skipped
         assert b.stats.amplification == 1.0
         assert a.stats.model_seconds == pytest.approx(
-            1 / 100 + a.stats.bytes_read / 1e6)
+            runs / 100 + a.stats.bytes_read / 1e6)
 
 
 def test_read_along_returns_candidates_on_blocks_read(disk_dir):
@@ -568,6 +611,9 @@ def cached_models(model: DiskModel, entry: str, **values) -> dict:
 def test_disk_model_chooses_the_depth_where_reads_stop_growing(disk_dir):
     assert choose_depth({1: 10.0, 4: 30.0, 16: 95.0, 64: 100.0}) == 16
     assert choose_depth({1: 10.0, 2: 9.0}) == 1
+    # The largest request size within 90% of the fastest: fewer requests.
+    assert choose_run({64: 95.0, 256: 100.0, 1024: 91.0, 4096: 60.0}) == 1024
+    assert choose_run({64: 100.0, 256: 80.0}) == 64
     path = disk_dir / "feat.bin"
     write_feature_file(path, make_rows((5000, 100), np.float32))
     model = measure_disk(path, seconds=0.4)
@@ -575,9 +621,18 @@ def test_disk_model_chooses_the_depth_where_reads_stop_growing(disk_dir):
     assert depths == list(DEPTHS)
     assert model.queue_depth == choose_depth(dict(model.sweep))
     assert model.iops == dict(model.sweep)[model.queue_depth]
-    # The storage tier keeps that many requests in flight by default.
+    # Sequential reads of every request size at that depth; the model
+    # keeps the size choose_run picks, and its bytes/s.
+    assert [size for size, _ in model.run_sweep] == list(RUN_SIZES)
+    assert model.run_bytes == choose_run(dict(model.run_sweep))
+    assert model.bandwidth == dict(model.run_sweep)[model.run_bytes]
+    # The storage tier keeps that many requests in flight by default, in
+    # runs of that size, two to a piece.
     with StorageFeature(path, disk=model) as feature:
         assert feature.num_threads == model.queue_depth
+        assert feature._max_run_blocks * feature.block_bytes \
+            == model.run_bytes
+        assert feature._chunk_blocks == 2 * feature._max_run_blocks
         ids = torch.tensor([4999, 0, 2500, 17])
         assert feature.read(ids).numpy().tobytes() == make_rows(
             (5000, 100), np.float32)[ids.numpy()].tobytes()
@@ -588,6 +643,9 @@ def test_disk_model_rejects_bad_values():
         DiskModel(3000, 1.0, 1.0, 1)
     with pytest.raises(ValueError, match="must be positive"):
         DiskModel(512, 0.0, 1.0, 1)
+    with pytest.raises(ValueError, match="run_bytes must be a positive "
+                       "multiple of 4096 .bytes per request., got 1000"):
+        DiskModel(512, 1.0, 1.0, 1, run_bytes=1000)
 
 
 #: Values a hand-edited or damaged ``<file>.disk.json`` may hold, and the
@@ -600,6 +658,8 @@ BAD_DISK_VALUES = {
                    r"an integer of at least 512 \(512, 1024, 2048, 4096\)"),
     "block-of-512.0": ("block_bytes", 512.0, r"block_bytes .* got 512\.0"),
     "iops-text": ("iops", "fast", r"iops .* got 'fast'"),
+    "run-of-1000": ("run_bytes", 1000, r"run_bytes must be a positive "
+                    r"multiple of 4096 \(bytes per request\), got 1000"),
 }
 
 

@@ -428,7 +428,7 @@ def test_loader_over_disk_keeps_the_contract(tiny, policy, prefetch):
     assert sum(hits.values()) == stats["rows_requested"]
     if policy is not None:
         assert hits.get("device", 0) + hits.get("host", 0) > 0
-    held = loader.cache.held_bytes()
+    held = loader.cache["_N"].held_bytes()
     assert held.get("device", 0) <= budget // 4
     assert held.get("host", 0) <= budget // 2
     loader.close()

@@ -440,7 +440,7 @@ def test_heterograph_dict_indices_cache_per_type(hetero, cache):
                                output_nodes["item"])
     for ntype, ids in seeds.items():
         assert torch.equal(torch.cat(seen[ntype]).sort().values, ids)
-    assert set(loader.caches) == {"user", "item"}
+    assert set(loader.cache) == {"user", "item"}
     if cache is None:  # caching off: rows straight from the graph
         assert "cache" not in loader.stats.as_dict()
     else:

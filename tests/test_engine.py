@@ -176,16 +176,16 @@ def test_window_read_planning_is_off_where_it_cannot_save_reads(
                    cache="hmgraph", host_budget_bytes=budget,
                    profile_batches=4, seed=0)
     seeds = data.split["train"][:4 * batch_size]
-    with caplog.at_level(logging.INFO, logger="hmgraph.loader"):
+    with caplog.at_level(logging.INFO, logger="hmgraph.cachebuild"):
         loader = DataLoader(data.graph, seeds, sampler, **options)
     loader.close()
     share = row_share(loader.profile.trace, data.num_nodes)
     assert (share < 0.1) if staged else (share > 0.5)
-    assert (loader.plan.staging_rows > 0) == staged
+    assert (loader.plan["_N"].staging_rows > 0) == staged
     assert ("window read planning off" in caplog.text) == (not staged)
     forced = DataLoader(data.graph, seeds, sampler, staging=0.5, **options)
     forced.close()
-    assert forced.plan.staging_rows > 0
+    assert forced.plan["_N"].staging_rows > 0
 
 
 def test_a_batch_buffer_is_reused_only_once_nobody_holds_it():
@@ -281,7 +281,7 @@ def test_batch_buffers_are_let_go_at_an_epochs_end(data_root):
         host_budget_bytes=data.feature_bytes // 5, seed=0)
     from hmgraph.cache.storage import StorageFeature
 
-    pool = loader.cache._compiled.pool
+    pool = loader.cache["_N"]._compiled.pool
     pointers = set()
     file = StorageFeature(data.feature_path)
     try:
@@ -292,7 +292,7 @@ def test_batch_buffers_are_let_go_at_an_epochs_end(data_root):
             assert len(pool._buffers) <= pool.size
         assert len(pointers) < len(loader)  # memory was reused
         assert pool._buffers == []
-        assert loader.cache.source._rows._buffers == []
+        assert loader.cache["_N"].source._rows._buffers == []
     finally:
         loader.close()
         file.close()

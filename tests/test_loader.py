@@ -153,10 +153,10 @@ def test_a_dropped_batch_is_freed_without_the_collector(tiny, prefetch,
 
 
 def test_each_finished_epoch_hands_freed_memory_back(tiny, monkeypatch):
-    import hmgraph.loader
+    import hmgraph.pipeline
 
     calls = []
-    monkeypatch.setattr(hmgraph.loader, "release_freed_memory",
+    monkeypatch.setattr(hmgraph.pipeline, "release_freed_memory",
                         lambda: calls.append(1) or True)
     loader = DataLoader(tiny.graph, tiny.split["train"][:300],
                         SAMPLERS["neighbor"](), batch_size=128, prefetch=2)
@@ -169,4 +169,4 @@ def test_each_finished_epoch_hands_freed_memory_back(tiny, monkeypatch):
     loader.close()
     assert len(calls) == 2
     monkeypatch.undo()
-    assert isinstance(hmgraph.loader.release_freed_memory(), bool)
+    assert isinstance(hmgraph.pipeline.release_freed_memory(), bool)

@@ -223,17 +223,17 @@ def test_disk_mode_inference_equals_memory_mode(data_root):
     # (a share of 0 leaves it empty at construction).
     for _ in loader:
         pass
-    requests = loader.cache.stats.requests
-    held = {s.name: s.id_of.clone() for s in loader.cache.stores}
-    assert all((s.id_of >= 0).any() for s in loader.cache.stores)
-    view = FrozenView(loader.cache)
+    requests = loader.cache["_N"].stats.requests
+    held = {s.name: s.id_of.clone() for s in loader.cache["_N"].stores}
+    assert all((s.id_of >= 0).any() for s in loader.cache["_N"].stores)
+    view = FrozenView(loader.cache["_N"])
     ids = torch.randperm(TINY.num_nodes)[:3000]
     assert torch.equal(view.read(ids), memory.features[ids])
     got = layerwise_inference(model, disk.graph, view, batch_size=1000)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     assert view.stats.hits["host"] > 0 and view.stats.hits["source"] > 0
-    assert loader.cache.stats.requests == requests
-    for store in loader.cache.stores:
+    assert loader.cache["_N"].stats.requests == requests
+    for store in loader.cache["_N"].stores:
         assert torch.equal(store.id_of, held[store.name])
     loader.close()
 
@@ -325,7 +325,7 @@ def test_an_auto_host_budget_that_holds_the_file_reads_it_once(data_root):
                          cache="hmgraph", progress=False)
     loader, memory = make_loader(
         config, data, dgl.dataloading.NeighborSampler([5, 5]), "cpu")
-    plan, storage = loader.plan, loader.stats.storage
+    plan, storage = loader.plan["_N"], loader.stats.storage
     assert memory["host_budget_bytes"] > data.feature_bytes
     assert (plan.host_rows, plan.staging_rows, plan.static_rows) == (
         data.num_nodes, 0, data.num_nodes)
@@ -477,7 +477,7 @@ def test_auto_evaluation_prices_layerwise_reads_with_the_disk_model(
     loader, _ = training.make_loader(config, data, sampler, "cpu")
     try:
         model = disk_model(data.feature_path)
-        held = loader.plan.device_rows + loader.plan.host_rows
+        held = loader.plan["_N"].device_rows + loader.plan["_N"].host_rows
         row_bytes = data.manifest.row_bytes
         uncached = (data.num_nodes - held) * row_bytes
         chunks = -(-data.num_nodes // config.eval_batch_size)

@@ -291,7 +291,7 @@ def test_buffers_sized_without_pinned_rows_return_file_rows(tiny, cache):
         + TABLE_BYTES_PER_ROW * tiny.graph.num_nodes(),
         host_budget_bytes=1000 * row_bytes, prefetch=2, reuse="two-level",
         profile_batches=len(seeds) // 96 + 1)
-    plan = loader.plan
+    plan = loader.plan["_N"]
     assert plan.reuse_resident_rows > 0
     assert plan.device_rows + 2 * plan.reuse_rows <= 1500
     for epoch in range(2):
@@ -300,7 +300,7 @@ def test_buffers_sized_without_pinned_rows_return_file_rows(tiny, cache):
             assert torch.equal(batch.x, tiny.features[batch.input_nodes])
     stats = loader.stats.as_dict()["reuse"]
     assert stats["reused"]["level1"] > 0 and stats["reused"]["level2"] > 0
-    assert loader.feature.nbytes <= plan.as_dict()["reuse_bytes"]
+    assert loader.feature["_N"].nbytes <= plan.as_dict()["reuse_bytes"]
     loader.close()
 
 
@@ -328,13 +328,14 @@ def test_loader_with_reuse_returns_file_rows(tiny, reuse, cache, shuffle):
     assert sizes[-1] == 700 % 96  # a smaller last batch
     # 4 profiled batches of 8: with a static tier, the buffers are sized
     # on the last 2 without the rows the first 2 pin (held out).
-    assert (loader.plan.reuse_resident_rows > 0) == (
+    assert (loader.plan["_N"].reuse_resident_rows > 0) == (
         cache in ("hmgraph", "presample"))
     stats = loader.stats.as_dict()["reuse"]
     assert stats["reused"]["level1"] > 0
     if reuse == "one-level":
         assert stats["reused"]["level2"] == 0
-    assert loader.feature.nbytes <= loader.plan.as_dict()["reuse_bytes"]
+    plan = loader.plan["_N"]
+    assert loader.feature["_N"].nbytes <= plan.as_dict()["reuse_bytes"]
     loader.close()
 
 
@@ -422,7 +423,7 @@ def test_analyze_replays_what_the_loader_runs_with_reuse(tiny):
     for _ in loader:
         pass
     loader.close()
-    plan, stats = loader.plan, loader.stats
+    plan, stats = loader.plan["_N"], loader.stats
     # The levels share 2 x n / 2 rows: a batch holds at most n at once.
     assert plan.reuse_rows == n // 2 and plan.device_rows == 0
     rest, reused = reuse_filtered(loader.trace, 2)

@@ -1,0 +1,289 @@
+"""Planning `hmgraph.DataLoader`'s cache: profile, plan, build.
+
+Once, when a loader is made: where a policy needs a profile of the
+accesses (what its class ``needs``), a profiling pass samples some
+batches with the loader's own sampler; each node type's cached feature
+then gets a `CachePlan` within its share of the budgets and the cache
+that plan lays out, with batch reuse over it where asked. Nothing here
+runs per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hmgraph.cache.feature import Feature, TensorFeature
+from hmgraph.cache.plan import (
+    STAGING_ROW_SHARE_MAX,
+    CachePlan,
+    build_cache,
+    make_plan,
+    row_share,
+)
+from hmgraph.cache.policies import POLICIES, layer_aware_score
+from hmgraph.cache.reuse import REUSE_LEVELS, BatchReuse
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PROFILED_POLICIES", "STAGING_SHARE", "CacheBuilder",
+           "CachedFeatures", "gpu_cache_budget", "pin_sources"]
+
+#: Share of the host budget staged for window read planning by default
+#: (features on the storage tier, lookahead on).
+STAGING_SHARE = 0.5
+
+#: What a policy may need (its class's ``needs``) that only a profiling
+#: pass with the real sampler gives.
+PROFILE_NEEDS = frozenset({"hotness", "hop_counts"})
+
+#: Policies planned from a profiling pass with the real sampler.
+PROFILED_POLICIES = tuple(name for name, cls in POLICIES.items()
+                          if cls.needs & PROFILE_NEEDS)
+
+
+def _needs(policy: str) -> frozenset:
+    """What ``policy``'s class needs (nothing for an unknown name, which
+    `make_plan` refuses, listing the names)."""
+    cls = POLICIES.get(policy)
+    return cls.needs if cls is not None else frozenset()
+
+
+@dataclass
+class CachedFeatures:
+    """The cached feature of each node type, as built.
+
+    Attributes
+    ----------
+    plan : dict of str to CachePlan
+        Per node type, the cache's layout.
+    cache : dict of str to FeatureCache
+        Per node type, the cache over the source.
+    feature : dict of str to Feature
+        Per node type, what batches read: batch reuse over the cache, the
+        cache, or the source itself where caching is off.
+    window : int
+        Lookahead batches (batch reuse looks as far ahead as it reaches
+        back).
+    profile : hmgraph.samplers.presample.Profile or None
+        The profile planned from.
+    """
+
+    plan: dict
+    cache: dict
+    feature: dict
+    window: int
+    profile: object = None
+
+
+class CacheBuilder:
+    """Plans and builds the cached feature of each node type.
+
+    Parameters
+    ----------
+    graph : dgl.DGLGraph
+        The graph (in-degrees for ``degree``; profiling).
+    graph_sampler, indices, batch_size, shuffle, seed
+        The loader's, for the profiling pass.
+    num_batches : int
+        Batches of an epoch.
+    device : torch.device
+        The training device.
+    placement : str
+        ``"frequency"`` or ``"layer-aware"``: how profiled rows rank.
+    profile : hmgraph.samplers.presample.Profile, optional
+        Used instead of profiling.
+    profile_batches : int
+        Batches sampled to profile.
+
+    Raises
+    ------
+    ValueError
+        A profile whose counts do not match a homogeneous graph's nodes.
+    """
+
+    def __init__(self, graph, graph_sampler, indices, batch_size: int,
+                 shuffle: bool, seed: int | None, num_batches: int,
+                 device: torch.device, placement: str = "frequency",
+                 profile=None, profile_batches: int = 32):
+        self.homogeneous = len(graph.ntypes) == 1
+        if profile is not None and self.homogeneous and \
+                profile.counts.numel() != graph.num_nodes():
+            raise ValueError(
+                f"profile counts {profile.counts.numel()} rows, but the "
+                f"graph has {graph.num_nodes()} nodes")
+        self.graph = graph
+        self.graph_sampler = graph_sampler
+        self.indices = indices
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.num_batches = num_batches
+        self.device = device
+        self.placement = placement
+        self.profile = profile
+        self.profile_batches = profile_batches
+
+    def build(self, sources: dict, cache, device_budget_bytes: int,
+              host_budget_bytes: int, window: int | None = None,
+              reuse: str = "none", staging: float | None = None
+              ) -> CachedFeatures:
+        """Each type's plan, cache and feature, the budgets shared by the
+        types' feature bytes. See `hmgraph.DataLoader` for the
+        arguments."""
+        built = CachedFeatures({}, {}, {}, 0)
+        total = sum(s.num_rows * s.row_bytes for s in sources.values())
+        for ntype, source in sources.items():
+            share = source.num_rows * source.row_bytes / max(total, 1)
+            plan = self._plan(source, cache, int(device_budget_bytes * share),
+                              int(host_budget_bytes * share), window,
+                              REUSE_LEVELS[reuse], staging)
+            built.plan[ntype] = plan
+            built.cache[ntype] = self._cache(ntype, source, plan)
+            built.feature[ntype] = self._reads_from(
+                source, built.cache[ntype], plan, cache is None)
+        windows = [max(p.window, p.reuse_levels)
+                   for p in built.plan.values()] or [0]
+        built.window = windows[0] if window is None else window
+        built.profile = self.profile
+        return built
+
+    def _plan(self, source, cache, device_budget_bytes, host_budget_bytes,
+              window, levels, staging) -> CachePlan:
+        policy = cache.policy if isinstance(cache, CachePlan) else \
+            "none" if cache is None else cache
+        profiled = bool(_needs(policy) & PROFILE_NEEDS) or levels > 0
+        if profiled and not self.homogeneous:
+            raise ValueError(
+                f"cache {policy!r} (or reuse) profiles a homogeneous graph; "
+                f"on heterographs use 'lru', 'clock', 'degree' or None")
+        if profiled:
+            self._profile()
+        if staging is None:
+            looks_ahead = (4 if window is None else window) > 0
+            staging = STAGING_SHARE if looks_ahead and hasattr(
+                source, "read_along") and self._staging_pays(source) else 0.0
+        if isinstance(cache, CachePlan):
+            if cache.num_rows != source.num_rows:
+                raise ValueError(
+                    f"plan is for {cache.num_rows} rows, features have "
+                    f"{source.num_rows}")
+            return cache
+        return make_plan(
+            policy, source.num_rows, source.row_bytes, device_budget_bytes,
+            host_budget_bytes, counts=self._hotness(),
+            trace=() if self.profile is None else self.profile.trace,
+            window=4 if window is None else window, reuse_levels=levels,
+            staging=staging, trace_covers_epoch=self.profile is not None
+            and self.profile.num_batches >= self.num_batches)
+
+    def _cache(self, ntype, source, plan: CachePlan):
+        """The cache ``plan`` lays out over ``source``."""
+        degrees = None
+        if "degrees" in _needs(plan.policy):
+            degrees = sum((self.graph.in_degrees(etype=e) for e in
+                           self.graph.canonical_etypes if e[2] == ntype),
+                          torch.zeros(source.num_rows, dtype=torch.int64))
+        return build_cache(
+            source, plan, self.device, counts=self._hotness(),
+            degrees=degrees,
+            hop_counts=None if self.profile is None
+            else self.profile.hop_counts)
+
+    @staticmethod
+    def _reads_from(source, built, plan: CachePlan, off: bool) -> Feature:
+        """What batches read: the source where caching is off (rows
+        straight from it, as DGL gathers), batch reuse, or the cache."""
+        if off and not plan.staging_rows and not plan.reuse_levels:
+            return source
+        if plan.reuse_levels:
+            return BatchReuse(built, plan.reuse_levels, plan.reuse_rows)
+        return built
+
+    def _staging_pays(self, source) -> bool:
+        """Whether window read planning can save reads on this workload:
+        not where a profiled batch asks for most rows of the graph
+        (`hmgraph.cache.plan.STAGING_ROW_SHARE_MAX`); said in one log
+        line."""
+        if self.profile is None:
+            return True
+        share = row_share(self.profile.trace, source.num_rows)
+        if share <= STAGING_ROW_SHARE_MAX:
+            return True
+        log.info("window read planning off: a profiled batch asks for "
+                 "%.0f%% of the rows, more than staging could hold for the "
+                 "batches ahead (staging=%g forces it)", 100 * share,
+                 STAGING_SHARE)
+        return False
+
+    def _hotness(self) -> torch.Tensor | None:
+        """Profiled score per row for static placement."""
+        if self.profile is None:
+            return None
+        if self.placement == "layer-aware":
+            return layer_aware_score(self.profile.hop_counts)
+        return self.profile.counts
+
+    def _profile(self) -> None:
+        if self.profile is not None:  # given, or already taken
+            return
+        # Lazy: DGL takes 4 s to import, and presampling imports it.
+        import dgl
+
+        from hmgraph.samplers.presample import presample
+
+        if not torch.is_tensor(self.indices):
+            raise ValueError("profiled cache policies need a tensor of "
+                             "indices, not a dict")
+        start = time.perf_counter()
+        self.profile = presample(
+            self.graph, self.graph_sampler, self.indices, self.batch_size,
+            self.profile_batches, seed=(self.seed or 0) + 7919,
+            shuffle=self.shuffle)
+        # Profiling seeded DGL's generator; hand it back to the user's
+        # seeds (NumPy's global generator, which DGL's shuffle follows).
+        dgl.seed(int(np.random.randint(0, 2**31 - 1)))
+        log.info("profiled %d batches in %.1f s", self.profile.num_batches,
+                 time.perf_counter() - start)
+
+
+def gpu_cache_budget(gpu_cache, budget: int, device: torch.device,
+                        feature_name: str, sources: dict) -> int:
+    """The device tier's budget: ``budget``, or more where DGL's
+    ``gpu_cache`` (``{"node": {feature_name: rows}}``) asks for more.
+
+    Raises
+    ------
+    ValueError
+        ``gpu_cache`` off CUDA, or naming another feature.
+    """
+    if not gpu_cache:
+        return budget
+    if device.type != "cuda":
+        raise ValueError(f"gpu_cache needs a CUDA device; the loader's "
+                         f"device is {device}")
+    extra = set(gpu_cache) - {"node"}
+    names = set(gpu_cache.get("node", {}))
+    if extra or names - {feature_name}:
+        raise ValueError(
+            f"gpu_cache {gpu_cache!r}: hmgraph caches one node feature "
+            f"({feature_name!r}); give {{'node': "
+            f"{{{feature_name!r}: rows}}}}")
+    rows = int(gpu_cache["node"].get(feature_name, 0))
+    row_bytes = max((s.row_bytes for s in sources.values()), default=0)
+    return max(budget, rows * row_bytes)
+
+
+def pin_sources(graph, sources: dict) -> None:
+    """UVA: the graph and in-memory rows in pinned host memory (the
+    sources are replaced in place)."""
+    graph.create_formats_()
+    graph.pin_memory_()
+    for ntype, source in sources.items():
+        if isinstance(source, TensorFeature) and \
+                source.device.type == "cpu":
+            sources[ntype] = TensorFeature(source.rows.pin_memory())

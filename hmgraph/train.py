@@ -133,7 +133,7 @@ def train(config: TrainConfig, dataset=None) -> dict:
         "config": config.as_dict(),
         "dataset": repr(dataset),
         "metric": metric,
-        "plan": loader.plan.as_dict(),
+        "plan": next(iter(loader.plan.values())).as_dict(),
         "eval": eval_mode,
         "layout": layout,
         "memory": dict(memory, peak_rss_bytes=peak,
@@ -293,7 +293,8 @@ def _train_epoch(config, model, optimizer, loader, run, epoch) -> dict:
     seconds["train"] = train_seconds
     seconds["epoch"] = time.perf_counter() - start
     stats = loader.stats.as_dict()
-    if loader.plan.policy != "none" or loader.stats.storage is not None \
+    if any(p.policy != "none" for p in loader.plan.values()) \
+            or loader.stats.storage is not None \
             or loader.stats.reuse is not None:
         log.info("run %d epoch %d: %s", run, epoch, describe_io(stats))
     return {"epoch": epoch, "loss": total_loss / max(total_seeds, 1),

@@ -40,7 +40,8 @@ def layerwise_read_seconds(config, dataset, loader) -> float:
     model of the feature file's disk at the depth the storage tier keeps
     in flight.
     """
-    held = loader.plan.device_rows + loader.plan.host_rows
+    (plan,) = loader.plan.values()  # the one node type's
+    held = plan.device_rows + plan.host_rows
     row_bytes = dataset.manifest.row_bytes
     uncached = max(0, dataset.num_nodes - held) * row_bytes
     chunks = math.ceil(dataset.num_nodes / config.eval_batch_size)
@@ -78,7 +79,8 @@ def evaluate(config, dataset, model, loader, device, mode: str) -> dict:
     DGL's ``NeighborSampler`` with the training fanouts over each split
     through the same view.
     """
-    view = FrozenView(loader.cache)
+    (cache,) = loader.cache.values()  # the one node type's
+    view = FrozenView(cache)
     if mode == "layerwise":
         features = dataset.features if config.features_on == "memory" \
             else view

@@ -191,7 +191,8 @@ def loader_epoch(dataset, seeds, args, desc: str, trace: bool = False,
     construct = time.perf_counter() - began
     try:
         warm = loader.stats.storage and loader.stats.storage.as_dict()
-        source = loader.cache.source
+        (cache,) = loader.cache.values()  # the one node type's
+        source = cache.source
         dgl.seed(args.seed)  # every configuration samples the same batches
         loader.trace = [] if trace else None
         run = hmgraph_epoch(loader, model, optimizer, desc=desc)

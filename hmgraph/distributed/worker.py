@@ -141,13 +141,14 @@ def run_trainer(job: dict, rank: int) -> None:
         if best is None or record["valid"] > best["valid"]:
             best = record
     loader.close()
+    (plan,) = loader.plan.values()  # the one node type's
     # (4) Rank 0 writes the job's result; every trainer leaves.
     _write_result(job, rank, best, {
         "rank": rank,
         "part": part,
         "train_vertices": int(train_ids.numel()),
         "epochs": epochs,
-        "plan": loader.plan.as_dict(),
+        "plan": plan.as_dict(),
     })
     features.close()
     dist.barrier()

@@ -120,7 +120,7 @@ def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
         device_budget_bytes=device_budget, host_budget_bytes=host_budget,
         prefetch=PREFETCH, window=window, profile_batches=PROFILE_BATCHES,
         staging=args.staging, loader_only=True, profile=profile)
-    plan, trace = run["loader"].plan, run["loader"].trace
+    (plan,), trace = run["loader"].plan.values(), run["loader"].trace
     belady = belady_hit_rate(trace, plan.num_rows,
                              plan.device_rows + plan.host_rows, memo)
     stats, source = run["stats"], run["source"]

@@ -112,8 +112,9 @@ def hmgraph_pass(data, seeds, args, features, cache, device, host,
         loader.close()
     storage = stats.get("storage") or {}
     record.update(
-        engine=getattr(loader.cache, "engine", None),
-        staging_rows=getattr(loader.plan, "staging_rows", 0),
+        engine=getattr(next(iter(loader.cache.values()), None), "engine",
+                       None),
+        staging_rows=sum(p.staging_rows for p in loader.plan.values()),
         stage_seconds={k: v / max(record["batches"], 1)
                        for k, v in stats["seconds"].items()},
         storage_bytes=storage.get("bytes_read", 0),

@@ -63,7 +63,9 @@ def run_config(dataset, seeds, args, order, config, reuse, cache,
         shuffle=order == "shuffled", cache=cache, device_budget_bytes=budget,
         host_budget_bytes=0, prefetch=PREFETCH, reuse=reuse,
         profile_batches=-(-seeds.numel() // args.batch_size))
-    plan = run["loader"].plan.as_dict()
+    (plan,) = run["loader"].plan.values()  # the one node type's
+    (feature,) = run["loader"].feature.values()
+    plan = plan.as_dict()
     stats, epoch = run["stats"], run["seconds"]["epoch"]
     cached, reused = stats.get("cache"), stats.get("reuse")
     levels = plan["reuse_levels"]
@@ -80,7 +82,7 @@ def run_config(dataset, seeds, args, order, config, reuse, cache,
         "storage": stats.get("storage"), "warm_storage": run["warm_storage"],
         "reuse_stats": reused, "reuse_rate": reused and reused["reuse_rate"],
         # `BatchReuse.engine`: compiled kernels on a CPU device.
-        "reuse_engine": reused and run["loader"].feature.engine,
+        "reuse_engine": reused and feature.engine,
         "dedup_share_percent": reused and 100.0 * reused["seconds"] / epoch,
         "seconds": run["seconds"], "mean_loss": run["mean_loss"],
         "construct_seconds": run["construct_seconds"], "plan": plan,

@@ -24,6 +24,8 @@ from test_cache import (
     staging_of,
 )
 
+from hmgraph.cache.disk import read_plan
+from hmgraph.cache.engine import select_along
 from hmgraph.cache.format import write_feature_file
 
 #: The policies the compiled engine serves; the others read through the
@@ -322,3 +324,54 @@ def test_a_staged_hit_is_copied_before_its_slot_is_refilled(rows,
                                                       for f in future])
                 assert got.numpy().tobytes() == rows[ids].tobytes(), engine
             assert cache.stats.hits["staged"] == 2  # rows 1 and 41
+
+
+def select_along_reference(future, bounds, marks, resident, layered,
+                           staged_slot_of, missed, run_first, run_last,
+                           row_bytes, data_offset, block_bytes, limit):
+    """`engine.select_along` by the definition: binary searches, no walk."""
+    chosen, missed = [], set(missed.tolist())
+    for d in range(1, len(bounds)):
+        for node in future[bounds[d - 1]:bounds[d]]:
+            if marks[node] != min(d, 127) or (layered and resident[node]) \
+                    or staged_slot_of[node] >= 0 or node in missed:
+                continue
+            start = data_offset + node * row_bytes
+            low = start // block_bytes
+            high = (start + row_bytes - 1) // block_bytes
+            run = np.searchsorted(run_first, low, side="right") - 1
+            if run >= 0 and high <= run_last[run]:
+                chosen.append(int(node))
+    chosen.sort(key=lambda node: (marks[node], node))
+    return sorted(chosen[:limit])
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), sort=st.booleans(), layered=st.booleans())
+def test_select_along_walks_sorted_batches_as_binary_search_finds(
+        data, sort, layered):
+    """The walk over sorted window batches (and the search again where a
+    batch is not sorted) takes the rows the definition takes."""
+    num_rows, row_bytes = 300, 100
+    ids = st.integers(0, num_rows - 1)
+    batches = data.draw(st.lists(st.lists(ids, unique=True, max_size=60),
+                                 min_size=1, max_size=4))
+    if sort:
+        batches = [sorted(batch) for batch in batches]
+    future = np.array([i for batch in batches for i in batch], np.int64)
+    bounds = np.cumsum([0] + [len(batch) for batch in batches])
+    marks = np.zeros(num_rows, np.int8)
+    for d in range(len(batches), 0, -1):  # the nearest batch's distance
+        marks[np.asarray(batches[d - 1], np.int64)] = d
+    resident = np.array(data.draw(st.lists(st.booleans(), min_size=num_rows,
+                                           max_size=num_rows)))
+    staged = np.where(np.array(data.draw(st.lists(
+        st.booleans(), min_size=num_rows, max_size=num_rows))), 0, -1)
+    missed = np.array(sorted(data.draw(st.sets(ids, min_size=1))), np.int64)
+    plan = read_plan(missed, row_bytes, 4096, 512, data.draw(
+        st.integers(0, 8)))
+    limit = data.draw(st.integers(0, 80))
+    args = (future, bounds, marks, resident, layered, staged, missed,
+            plan.run_first, plan.run_last, row_bytes, 4096, 512, limit)
+    got = select_along(*args, num_rows)
+    assert got.tolist() == select_along_reference(*args)

@@ -144,14 +144,18 @@ def gather(store, slot, buffers, out, first=0, stop=127):
 def scatter_rows(buffer, offsets, row_bytes, targets, which, where, first):
     """Rows cut out of a read buffer into their places: row ``first + k``
     starts at byte ``offsets[k]`` of ``buffer`` and goes to row
-    ``where[first + k]`` of ``targets[which[first + k]]``."""
+    ``where[first + k]`` of ``targets[which[first + k]]``.
+
+    Copied between two 1-D views, a loop LLVM vectorises: indexing the
+    2-D target and the buffer in the loop itself copied byte by byte
+    (163,000 rows of 400 B: 52 against 11.5 ms)."""
     for k in range(offsets.shape[0]):
         i = first + k
         start = offsets[k]
-        target = targets[which[i]]
-        row = where[i]
+        row = targets[which[i]][where[i]]
+        piece = buffer[start:start + row_bytes]
         for b in range(row_bytes):
-            target[row, b] = buffer[start + b]
+            row[b] = piece[b]
 
 
 @njit(**_NOGIL)

@@ -8,14 +8,19 @@ holds what one device was measured to do:
 * ``queue_depth``: requests in flight, measured where reads/s stop
   growing (1 to 128 tried; the storage tier keeps that many in flight);
 * ``iops``: random 4 KiB ``O_DIRECT`` reads per second at that depth;
-* ``bandwidth``: bytes per second of sequential reads at that depth, in
-  requests of ``run_bytes``: the request size that moved the most bytes
-  per second (64 KiB to 4 MiB tried). Bigger is not always faster: on the
-  virtio disk this was written on, 32 threads reading 4 MiB runs moved
-  1.2-1.3 GB/s and 256 KiB runs 1.6-1.9 GB/s.
+* ``bandwidth``: bytes per second of sequential reads, at the depth and
+  request size (``run_bytes``, 64 KiB to 4 MiB tried) that moved the most.
+  Neither deeper nor bigger is always faster: on the virtio disk this was
+  written on, random 4 KiB reads/s grew up to depth 128, while 80 MB of
+  256 KiB runs took 0.048 s at 16 threads and 0.066 s at 128, and 32
+  threads moved 1.2-1.3 GB/s in 4 MiB runs and 1.6-1.9 GB/s in 256 KiB
+  runs.
 
 A read plan that issues ``r`` requests for ``b`` bytes then costs about
-``r / iops + b / bandwidth`` seconds (`DiskModel.seconds`), and a gap
+``r / iops + b / bandwidth`` seconds; where both were measured at every
+depth, the least over the depths of ``r / iops(d) + b / bandwidth(d)``
+(`DiskModel.seconds`), and the storage tier keeps that depth
+(`DiskModel.depth_for`) of reads in flight for it. A gap
 between two wanted blocks is worth reading through when it is shorter than
 ``bandwidth / iops`` bytes (`DiskModel.gap_bytes`): moving those bytes
 costs less than one more request.
@@ -54,11 +59,11 @@ from hmgraph.cache.format import PAGE_BYTES, atomic_path
 log = logging.getLogger(__name__)
 
 __all__ = ["BLOCK_SIZES", "DEPTHS", "RUN_SIZES", "DiskModel", "ReadPlan",
-           "block_span", "choose_depth", "choose_run", "disk_model",
-           "measure_disk", "read_plan"]
+           "block_span", "choose_depth", "disk_model", "measure_disk",
+           "read_plan"]
 
 #: Version of the cached measurement; older caches are measured again.
-_MODEL_VERSION = 4
+_MODEL_VERSION = 5
 _IOPS_READ_BYTES = 4096
 _PROBE_SIZES = (512, 1024, 2048, 4096)
 #: Logical block sizes a model may hold: what `measure_disk` can find.
@@ -78,10 +83,10 @@ class DiskModel:
     iops : float
         Random 4 KiB reads per second at ``queue_depth``.
     bandwidth : float
-        Bytes per second of sequential reads of ``run_bytes`` at
-        ``queue_depth``.
+        Bytes per second of sequential reads in requests of ``run_bytes``,
+        at the depth that moved the most.
     queue_depth : int
-        Requests in flight while measuring (the tier's threads).
+        Requests in flight for random reads (the tier's threads).
     device : int
         ``st_dev`` of the file measured on.
     sweep : tuple of (int, float)
@@ -90,9 +95,9 @@ class DiskModel:
     run_bytes : int
         The request size of sequential reads the storage tier issues
         (its longest run): where bytes per second peaked.
-    run_sweep : tuple of (int, float)
-        Bytes per second per request size tried (`RUN_SIZES`); empty
-        where none was measured.
+    run_sweep : tuple of (int, int, float)
+        Per depth tried, its fastest request size and that size's
+        bytes/s (`RUN_SIZES`); empty where none was measured.
     """
 
     block_bytes: int
@@ -139,8 +144,26 @@ class DiskModel:
             )
 
     def seconds(self, requests: int, nbytes: int) -> float:
-        """Modelled seconds of ``requests`` reads moving ``nbytes``."""
-        return requests / self.iops + nbytes / self.bandwidth
+        """Modelled seconds of ``requests`` reads moving ``nbytes``, at
+        the depth `depth_for` picks."""
+        return min(requests / iops + nbytes / bandwidth for _, iops,
+                   bandwidth in self._by_depth())
+
+    def depth_for(self, requests: int, nbytes: int) -> int:
+        """The depth (reads in flight) that serves ``requests`` reads
+        moving ``nbytes`` soonest: deep for many small reads, shallower
+        where bytes dominate (the shallowest of equals)."""
+        return min(self._by_depth(), key=lambda entry: (
+            requests / entry[1] + nbytes / entry[2], entry[0]))[0]
+
+    def _by_depth(self) -> list[tuple[int, float, float]]:
+        """``(depth, reads/s, bytes/s)`` for every depth measured both
+        ways, no deeper than `queue_depth`; else this model's own."""
+        bandwidths = {depth: rate for depth, _, rate in self.run_sweep}
+        rows = [(depth, iops, bandwidths[depth]) for depth, iops in
+                self.sweep if depth in bandwidths
+                and depth <= self.queue_depth]
+        return rows or [(self.queue_depth, self.iops, self.bandwidth)]
 
     @property
     def gap_bytes(self) -> int:
@@ -153,20 +176,21 @@ class DiskModel:
 
     def describe(self) -> str:
         """One line for logs and reports."""
+        depth = self.depth_for(0, 1)
         return (f"{self.iops:,.0f} random 4 KiB reads/s at queue depth "
                 f"{self.queue_depth}, {self.bandwidth / 1e9:.2f} GB/s "
-                f"sequential in {self.run_bytes >> 10} KiB reads, "
-                f"{self.block_bytes} B blocks (read through gaps under "
-                f"{self.gap_bytes / 1024:.0f} KiB)")
+                f"sequential at depth {depth} in {self.run_bytes >> 10} "
+                f"KiB reads, {self.block_bytes} B blocks (read through "
+                f"gaps under {self.gap_bytes / 1024:.0f} KiB)")
 
     def describe_sweep(self) -> str:
         """Reads/s per depth tried, then GB/s per request size tried;
         one line (empty without a sweep)."""
         depths = ", ".join(f"{depth}: {rate:,.0f}" for depth, rate in
                            self.sweep)
-        runs = ", ".join(f"{size >> 10} KiB: {rate / 1e9:.2f}"
-                         for size, rate in self.run_sweep)
-        runs = runs and f"sequential GB/s per request size {runs}"
+        runs = ", ".join(f"{depth}: {rate / 1e9:.2f} ({size >> 10} KiB)"
+                         for depth, size, rate in self.run_sweep)
+        runs = runs and f"sequential GB/s per depth {runs}"
         return "; ".join(part for part in (depths, runs) if part)
 
 
@@ -205,16 +229,9 @@ DEPTHS = (1, 2, 4, 8, 16, 32, 64, 128)
 _KNEE = 0.9
 
 
-#: Request sizes `measure_disk` reads sequentially at the chosen depth.
-RUN_SIZES = (64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20, 4 << 20)
-_RUN_ROUNDS = 3
-
-
-def choose_run(sweep: dict[int, float]) -> int:
-    """The largest request size whose bytes/s reach 90% of the best
-    measured: fewer requests for the same speed."""
-    best = max(sweep.values())
-    return max(size for size, rate in sweep.items() if rate >= _KNEE * best)
+#: Request sizes `measure_disk` reads sequentially, at every depth.
+RUN_SIZES = (128 << 10, 256 << 10, 1 << 20, 4 << 20)
+_RUN_ROUNDS = 2
 
 
 def choose_depth(sweep: dict[int, float]) -> int:
@@ -232,8 +249,9 @@ def measure_disk(path: str | os.PathLike, queue_depth: int | None = None,
     Random 4 KiB ``O_DIRECT`` reads at random page offsets of the file,
     ``queue_depth`` in flight (compiled threads, `hmgraph.cache.diskio`),
     then sequential reads of each size of `RUN_SIZES` (each thread
-    sweeping its own part of the file) at the same depth: the model keeps
-    the size `choose_run` picks and its bytes/s. With
+    sweeping its own part of the file) at the same depths: the model
+    keeps each depth's fastest size, and the fastest of all as
+    ``bandwidth`` and ``run_bytes``. With
     ``queue_depth=None`` the random reads are measured at every depth of
     `DEPTHS` (about half of ``seconds`` in all) and the model is the
     depth `choose_depth` picks; its ``sweep`` holds every depth's reads/s.
@@ -265,21 +283,24 @@ def measure_disk(path: str | os.PathLike, queue_depth: int | None = None,
         sweep = {depth: reads_per_second(fd, offsets, _IOPS_READ_BYTES,
                                          depth, each) for depth in depths}
         depth = choose_depth(sweep)
-        # Sizes interleaved over rounds, each size's best round kept: a
-        # virtual disk's bandwidth wavers, and one slow moment should not
-        # decide the request size.
-        runs = dict.fromkeys(RUN_SIZES, 0.0)
-        each = seconds / 2 / len(RUN_SIZES) / _RUN_ROUNDS
+        # Sizes and depths interleaved over rounds, each cell's best
+        # round kept: a virtual disk's bandwidth wavers, and one slow
+        # moment should not decide the depth or the request size.
+        cells = {(d, length): 0.0 for d in depths for length in RUN_SIZES}
+        each = seconds / 2 / len(cells) / _RUN_ROUNDS
         for _ in range(_RUN_ROUNDS):
-            for length in RUN_SIZES:
-                runs[length] = max(runs[length], _bytes_per_second(
-                    fd, size, length, depth, each))
-        run = choose_run(runs)
+            for d, length in cells:
+                cells[d, length] = max(cells[d, length], _bytes_per_second(
+                    fd, size, length, d, each))
     finally:
         os.close(fd)
-    return DiskModel(block, sweep[depth], runs[run], depth, device,
+    runs = tuple(max(((d, length, rate) for (d_, length), rate in
+                      cells.items() if d_ == d), key=lambda cell: cell[2])
+                 for d in depths)
+    _, run, bandwidth = max(runs, key=lambda cell: cell[2])
+    return DiskModel(block, sweep[depth], bandwidth, depth, device,
                      tuple(sorted(sweep.items())) if len(sweep) > 1 else (),
-                     run, tuple(sorted(runs.items())))
+                     run, runs)
 
 
 def _bytes_per_second(fd: int, size: int, length: int, depth: int,
@@ -387,7 +408,7 @@ def _load(cache: Path, device: int, queue_depth: int | None
             entry["block_bytes"], entry["iops"], entry["bandwidth"], depth,
             device, tuple(tuple(pair) for pair in entry.get("sweep", ())),
             entry["run_bytes"],
-            tuple(tuple(pair) for pair in entry.get("run_sweep", ())))
+            tuple(tuple(cell) for cell in entry.get("run_sweep", ())))
     except KeyError as err:
         log.warning("%s lacks %s; measuring the disk again", cache, err)
     except (TypeError, ValueError) as err:

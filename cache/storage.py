@@ -75,9 +75,6 @@ log = logging.getLogger(__name__)
 #: Measured read seconds over the model's, for an epoch, beyond which (or
 #: under whose inverse) the disk is measured again.
 DRIFT = 1.5
-#: A request's pieces are shared out as about this many tasks per thread:
-#: one call of the compiled loop each, and some slack for a slow thread.
-_TASKS_PER_THREAD = 2
 
 
 @dataclass
@@ -628,10 +625,14 @@ class StorageFeature(Feature):
                                  len(run_seg)),
             piece_rows=np.append(seg_rows[piece_segs], count),
             row_offsets=row_offsets)
-        # (5) Tasks: consecutive pieces, a few per thread, each one call
-        # of the compiled loop (not one call per piece).
+        # (5) Tasks: consecutive pieces, each one call of the compiled
+        # loop (not one call per piece), one a thread at the depth the
+        # model prices this request's reads and bytes soonest at: every
+        # thread for many small reads, fewer where bytes dominate.
         piece_blocks = np.add.reduceat(seg_blocks, piece_segs)
-        tasks = min(len(piece_segs), _TASKS_PER_THREAD * self.num_threads)
+        depth = self.disk.depth_for(len(run_seg),
+                                    int(run_blocks.sum()) * block)
+        tasks = min(len(piece_segs), self.num_threads, depth)
         share = -(-int(piece_blocks.sum()) // tasks)
         piece_before = np.cumsum(piece_blocks) - piece_blocks
         bounds = np.flatnonzero(np.diff(piece_before // share, prepend=-1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import mmap
@@ -26,7 +27,6 @@ from hmgraph.cache.disk import (
     RUN_SIZES,
     DiskModel,
     choose_depth,
-    choose_run,
     disk_model,
     measure_disk,
 )
@@ -611,9 +611,6 @@ def cached_models(model: DiskModel, entry: str, **values) -> dict:
 def test_disk_model_chooses_the_depth_where_reads_stop_growing(disk_dir):
     assert choose_depth({1: 10.0, 4: 30.0, 16: 95.0, 64: 100.0}) == 16
     assert choose_depth({1: 10.0, 2: 9.0}) == 1
-    # The largest request size within 90% of the fastest: fewer requests.
-    assert choose_run({64: 95.0, 256: 100.0, 1024: 91.0, 4096: 60.0}) == 1024
-    assert choose_run({64: 100.0, 256: 80.0}) == 64
     path = disk_dir / "feat.bin"
     write_feature_file(path, make_rows((5000, 100), np.float32))
     model = measure_disk(path, seconds=0.4)
@@ -621,11 +618,12 @@ def test_disk_model_chooses_the_depth_where_reads_stop_growing(disk_dir):
     assert depths == list(DEPTHS)
     assert model.queue_depth == choose_depth(dict(model.sweep))
     assert model.iops == dict(model.sweep)[model.queue_depth]
-    # Sequential reads of every request size at that depth; the model
-    # keeps the size choose_run picks, and its bytes/s.
-    assert [size for size, _ in model.run_sweep] == list(RUN_SIZES)
-    assert model.run_bytes == choose_run(dict(model.run_sweep))
-    assert model.bandwidth == dict(model.run_sweep)[model.run_bytes]
+    # Sequential reads at every depth, of every size: each depth's
+    # fastest size kept, the fastest of all is the model's.
+    assert [depth for depth, _, _ in model.run_sweep] == list(DEPTHS)
+    assert all(size in RUN_SIZES for _, size, _ in model.run_sweep)
+    best = max(model.run_sweep, key=lambda cell: cell[2])
+    assert (model.run_bytes, model.bandwidth) == best[1:]
     # The storage tier keeps that many requests in flight by default, in
     # runs of that size, two to a piece.
     with StorageFeature(path, disk=model) as feature:
@@ -636,6 +634,23 @@ def test_disk_model_chooses_the_depth_where_reads_stop_growing(disk_dir):
         ids = torch.tensor([4999, 0, 2500, 17])
         assert feature.read(ids).numpy().tobytes() == make_rows(
             (5000, 100), np.float32)[ids.numpy()].tobytes()
+
+
+def test_each_read_goes_at_the_depth_that_serves_it_soonest():
+    model = DiskModel(512, 400_000.0, 2e9, 64, sweep=(
+        (4, 100_000.0), (16, 300_000.0), (64, 400_000.0)), run_sweep=(
+        (4, 1 << 20, 1.5e9), (16, 1 << 18, 2e9), (64, 1 << 18, 1.6e9)))
+    assert model.depth_for(10_000, 4096 * 10_000) == 64  # small reads
+    assert model.depth_for(100, 80 << 20) == 16  # bytes dominate
+    assert model.depth_for(0, 0) == 4  # the shallowest of equals
+    assert model.seconds(100, 80 << 20) == pytest.approx(
+        100 / 300_000 + (80 << 20) / 2e9)
+    # No deeper than the model's depth; one depth measured: that one.
+    assert dataclasses.replace(model, queue_depth=4).depth_for(
+        10_000, 0) == 4
+    alone = DiskModel(512, 1000.0, 1e9, 8)
+    assert alone.depth_for(1, 1 << 30) == 8
+    assert alone.seconds(10, 1e9) == pytest.approx(1.01)
 
 
 def test_disk_model_rejects_bad_values():

@@ -46,6 +46,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="configurations to run (dgl memory only where features fit)")
     add("--timeout", type=float, default=3600.0, help="kill a "
         "configuration's process after this many seconds (0: never)")
+    add("--loader-only", action=argparse.BooleanOptionalAction,
+        default=True, help="after each configuration's training epoch, "
+        "one with no model (sampling and rows: what a GPU trainer waits "
+        "for), where features are larger than memory too")
     add("--quick", action="store_true",
         help="smoke run: skip the disk measurement")
     return parser.parse_args(argv)
@@ -326,7 +330,8 @@ def main(argv=None) -> int:
             if config not in args.configs:
                 continue
             try:
-                record = common.isolated(function, name, args, *extra, fits,
+                record = common.isolated(function, name, args, *extra,
+                                         args.loader_only,
                                          timeout=args.timeout or None)
             except common.ConfigurationFailed as err:
                 result["failures"].append({"dataset": name, "config": config,

@@ -5,6 +5,7 @@ the choice between them, and the summary over runs.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import dgl
 import torch
@@ -17,11 +18,16 @@ from hmgraph.cache.budget import (
 from hmgraph.cache.coordinated import FrozenView
 from hmgraph.cache.disk import disk_model
 from hmgraph.loader import DataLoader
-from hmgraph.memory import layerwise_buffer_bytes, prefetch_depth
+from hmgraph.memory import (
+    layerwise_buffer_bytes,
+    layerwise_on_disk,
+    prefetch_depth,
+)
 from hmgraph.models import layerwise_inference
 
 __all__ = ["LAYERWISE_READ_LIMIT_SECONDS", "describe_io", "evaluate",
-           "layerwise_read_seconds", "resolve_eval", "summarize"]
+           "layerwise_read_seconds", "layerwise_scratch", "resolve_eval",
+           "summarize"]
 
 
 #: ``eval="auto"`` picks layer-wise inference while the disk model prices
@@ -70,6 +76,17 @@ def resolve_eval(config, dataset, loader) -> str:
 
 
 
+def layerwise_scratch(config, dataset) -> Path | None:
+    """Where layer-wise inference writes its hidden layers: the run's
+    folder where `hmgraph.memory.layerwise_on_disk` (``eval="layerwise"``
+    asked for; ``auto`` samples there), else None: in memory."""
+    if not layerwise_on_disk(config, dataset):
+        return None
+    folder = Path(config.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def evaluate(config, dataset, model, loader, device, mode: str) -> dict:
     """Metric per split: ``valid`` and ``test`` (and ``train`` layer-wise).
 
@@ -87,6 +104,7 @@ def evaluate(config, dataset, model, loader, device, mode: str) -> dict:
         logits = layerwise_inference(
             model, dataset.graph, features, device,
             batch_size=config.eval_batch_size,
+            scratch=layerwise_scratch(config, dataset),
         )
         return {split: dataset.evaluate(logits, split)
                 for split in ("train", "valid", "test")}

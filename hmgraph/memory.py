@@ -28,8 +28,9 @@ from hmgraph.cache.policies import POLICIES
 log = logging.getLogger(__name__)
 
 __all__ = ["batch_input_bytes", "batches_in_flight", "check_model_memory",
-           "layerwise_buffer_bytes", "memory_promise", "peak_rss_bytes",
-           "prefetch_depth", "size_memory", "working_set_bytes"]
+           "layerwise_buffer_bytes", "layerwise_on_disk", "memory_promise",
+           "peak_rss_bytes", "prefetch_depth", "size_memory",
+           "working_set_bytes"]
 
 #: Copies of every parameter while training with Adam: the weights, their
 #: gradients and Adam's two moment estimates.
@@ -205,7 +206,9 @@ def working_set_bytes(config, dataset, sampler, device_budget: int,
     total = batch_bytes * batches_in_flight(config)
     total += _BYTES_PER_NODE * dataset.num_nodes
     if config.eval == "layerwise":
-        total += layerwise_buffer_bytes(config, dataset)
+        total += dataset.num_nodes * dataset.num_classes * 4 \
+            if layerwise_on_disk(config, dataset) \
+            else layerwise_buffer_bytes(config, dataset)
     if torch.device(device).type == "cpu":
         total += device_budget
     return int(total)
@@ -225,6 +228,15 @@ def layerwise_buffer_bytes(config, dataset) -> int:
     """Host memory of layer-wise inference: two layers' outputs per node."""
     width = max(config.hidden * config.num_heads, dataset.num_classes)
     return 2 * dataset.num_nodes * width * 4
+
+
+def layerwise_on_disk(config, dataset) -> bool:
+    """Whether layer-wise inference writes its hidden layers to the run's
+    folder (`hmgraph.models.layerwise_inference`'s ``scratch``) and holds
+    only the logits: where features are on disk and two layers' outputs
+    do not fit in free memory beside the reserve."""
+    return config.features_on == "disk" and layerwise_buffer_bytes(
+        config, dataset) + HOST_RESERVE_BYTES > available_bytes("cpu")
 
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from hmgraph.cache.format import FeatureFileWriter
 from hmgraph.models import (
     MODELS,
     GATConv,
@@ -382,6 +383,48 @@ def test_layerwise_inference_matches_full_blocks(name, feature_kind, tmp_path):
     assert logits.device.type == "cpu"
     assert logits.shape == (NUM_NODES, NUM_CLASSES)
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["sage", "gcn"])
+def test_layerwise_inference_writes_hidden_layers_to_scratch(name, tmp_path):
+    """Hidden layers through feature files in ``scratch`` (read back with
+    O_DIRECT): the same logits, nothing left behind, also on an error."""
+    graph = add_gcn_degrees(make_graph())
+    feats = make_features(NUM_NODES, IN_FEATS)
+    model = make_model(name).eval()
+    expected = layerwise_inference(model, graph, feats, batch_size=128)
+    written = []
+    real = FeatureFileWriter.write
+
+    def spy(writer, rows):
+        written.append(writer.shape)
+        return real(writer, rows)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FeatureFileWriter, "write", spy)
+        logits = layerwise_inference(model, graph, feats, batch_size=128,
+                                     scratch=tmp_path)
+    # (equal up to the BLAS kernels' rounding, which follows alignment)
+    torch.testing.assert_close(logits, expected, atol=1e-6, rtol=1e-6)
+    # One file per hidden layer, written in chunks of 128 nodes.
+    assert len(written) == (NUM_LAYERS - 1) * -(-NUM_NODES // 128)
+    assert list(tmp_path.iterdir()) == []
+    # A layer failing halfway: its file and the finished ones removed.
+    forward, calls = model.forward_layer, []
+
+    def fail_in_layer_one(i, block, h):
+        calls.append(i)
+        if calls.count(1) == 2:
+            raise RuntimeError("layer 1 failed")
+        return forward(i, block, h)
+
+    model.forward_layer = fail_in_layer_one
+    model.train()
+    with pytest.raises(RuntimeError, match="layer 1 failed"):
+        layerwise_inference(model, graph, feats, batch_size=128,
+                            scratch=tmp_path)
+    assert model.training
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_layerwise_inference_keeps_eval_mode_and_shows_progress():

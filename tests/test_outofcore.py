@@ -523,3 +523,44 @@ def test_rows_are_bit_exact_at_every_window(data_root, window):
         assert loader.stats.storage.rows_read > 0
     finally:
         loader.close()
+
+
+def test_layerwise_hidden_layers_go_to_the_run_folder_when_they_do_not_fit(
+        data_root, tmp_path, monkeypatch):
+    """Features on disk and two layers' outputs over free memory: the
+    hidden layers are written to the run's folder and read back (nothing
+    left there after), and the working set holds the logits, not the two
+    layers."""
+    from hmgraph import evaluation, memory
+    from hmgraph.models import inference
+
+    data = datasets.load("synth-tiny", data_root, features_on="disk")
+    results, scratches = [], []
+    layerwise = inference.layerwise_inference
+
+    def spy(*args, scratch=None, **kwargs):
+        scratches.append(scratch)
+        return layerwise(*args, scratch=scratch, **kwargs)
+
+    monkeypatch.setattr(evaluation, "layerwise_inference", spy)
+    for fits in (True, False):
+        config = TrainConfig(dataset="synth-tiny", root=str(data_root),
+                             fanouts=[5, 5], epochs=1, hidden=16, seed=0,
+                             features_on="disk", cache="hmgraph",
+                             host_budget="10%", eval="layerwise",
+                             out=str(tmp_path / str(fits)), progress=False)
+        need = memory.layerwise_buffer_bytes(config, data) + \
+            memory.HOST_RESERVE_BYTES
+        monkeypatch.setattr(memory, "available_bytes",
+                            lambda _, free=need - (not fits): free)
+        assert memory.layerwise_on_disk(config, data) is not fits
+        results.append((train(config, data), memory.working_set_bytes(
+            config, data, None, 0, "cpu", batch_bytes=0)))
+        assert not list((tmp_path / str(fits)).glob("hmgraph-layers-*"))
+    assert scratches == [None, tmp_path / "False"]
+    (held_run, held), (on_disk_run, on_disk) = results
+    assert held - on_disk == memory.layerwise_buffer_bytes(config, data) \
+        - data.num_nodes * data.num_classes * 4
+    # (the logits equal those held in memory: tests/test_models.py)
+    for run in (held_run, on_disk_run):
+        assert 0.0 <= run["summary"]["test_mean"] <= 1.0

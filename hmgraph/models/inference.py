@@ -5,8 +5,15 @@ is noisy. As in DGL's ogbn-products examples, layer-wise inference instead
 computes layer ``i`` for every node, one chunk of nodes at a time, with the
 full one-hop neighbourhood, before moving to layer ``i + 1``. Each node's
 representation is computed once per layer, and only two layers' outputs are
-held in CPU memory at any time.
+held in CPU memory at any time; or, given a ``scratch`` folder, none: each
+hidden layer's outputs are written there as a feature file and read back
+through the storage tier, as the input features are (on synth-igb, 1
+million nodes of hidden width 256, that is 2 GB of host memory less).
 """
+
+import os
+import tempfile
+from pathlib import Path
 
 import dgl
 import numpy as np
@@ -14,6 +21,8 @@ import torch
 from tqdm.auto import tqdm
 
 from hmgraph.cache.feature import Feature
+from hmgraph.cache.format import FeatureFileWriter
+from hmgraph.cache.storage import StorageFeature
 
 __all__ = ["layerwise_inference"]
 
@@ -67,7 +76,8 @@ def _check_features(graph, features):
 
 
 def layerwise_inference(
-    model, graph, features, device="cpu", batch_size=4096, progress=False
+    model, graph, features, device="cpu", batch_size=4096, progress=False,
+    scratch=None,
 ):
     """Compute the logits of every node with full neighbourhoods.
 
@@ -103,6 +113,13 @@ def layerwise_inference(
         Number of output nodes per block. Default: ``4096``.
     progress : bool, optional
         Whether to show a tqdm progress bar per layer. Default: ``False``.
+    scratch : str or os.PathLike, optional
+        A folder on disk for the hidden layers' outputs: each is written
+        there, chunk by chunk, as a feature file (in a temporary folder
+        removed on return) and the next layer reads its rows back with
+        ``O_DIRECT`` (`hmgraph.cache.StorageFeature`), so host memory holds
+        the chunks in flight and the logits, not two layers of every node.
+        Default None: the outputs stay in memory.
 
     Returns
     -------
@@ -141,33 +158,114 @@ def layerwise_inference(
     dtype = next(model.parameters()).dtype
     sampler = dgl.dataloading.MultiLayerFullNeighborSampler(1)
     was_training = model.training
-    model.eval()
+    last = len(model.layers) - 1
     try:
-        with torch.no_grad():
+        model.eval()
+        with _Outputs(scratch, num_nodes) as outputs, torch.no_grad():
             h_prev = features
             for i in range(len(model.layers)):
-                h_next = None
-                starts = tqdm(
-                    range(0, num_nodes, batch_size),
-                    desc=f"layer {i}",
-                    disable=not progress,
-                )
+                h_next = outputs.layer(i == last)
+                starts = tqdm(range(0, num_nodes, batch_size),
+                              desc=f"layer {i}", disable=not progress)
                 for start in starts:
-                    end = min(start + batch_size, num_nodes)
-                    # (1) One-hop full-neighbour block of this chunk.
-                    seeds = torch.arange(start, end, dtype=graph.idtype)
-                    input_nodes, _, blocks = sampler.sample(graph, seeds)
-                    # (2) Previous layer's rows of the input nodes.
-                    h = _gather_rows(h_prev, input_nodes)
-                    h = h.to(device=device, dtype=dtype)
-                    # (3) This layer, written back to the CPU output.
-                    out = model.forward_layer(i, blocks[0], h)
-                    if h_next is None:
-                        h_next = torch.empty(
-                            (num_nodes, *out.shape[1:]), dtype=out.dtype
-                        )
-                    h_next[start:end] = out.cpu()
-                h_prev = h_next
+                    seeds = torch.arange(
+                        start, min(start + batch_size, num_nodes),
+                        dtype=graph.idtype)
+                    h_next.write(start, _layer_chunk(
+                        model, i, graph, sampler, seeds, h_prev, device,
+                        dtype))
+                h_prev = h_next.finish()
     finally:
         model.train(was_training)
     return h_prev
+
+
+def _layer_chunk(model, i, graph, sampler, seeds, h_prev, device, dtype):
+    """Layer ``i``'s outputs for ``seeds``, on the CPU."""
+    # (1) One-hop full-neighbour block of this chunk.
+    input_nodes, _, blocks = sampler.sample(graph, seeds)
+    # (2) Previous layer's rows of the input nodes.
+    h = _gather_rows(h_prev, input_nodes).to(device=device, dtype=dtype)
+    # (3) This layer, back on the CPU.
+    return model.forward_layer(i, blocks[0], h).cpu()
+
+
+class _Outputs:
+    """Where each layer's outputs go: a tensor in memory, or for hidden
+    layers given a scratch folder, a feature file there (one folder per
+    call, removed on exit with every file in it)."""
+
+    def __init__(self, scratch, num_nodes: int):
+        self.scratch = scratch
+        self.num_nodes = num_nodes
+        self.folder = None
+        self.on_disk = []
+
+    def __enter__(self):
+        if self.scratch is not None:
+            self.folder = tempfile.TemporaryDirectory(
+                prefix="hmgraph-layers-", dir=os.fspath(self.scratch))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for layer in self.on_disk:
+            layer.close()
+        if self.folder is not None:
+            self.folder.cleanup()
+
+    def layer(self, last: bool):
+        """The next layer's output: in memory for the last layer (the
+        logits) or without a scratch folder, else on disk."""
+        if last or self.folder is None:
+            return _InMemory(self.num_nodes)
+        path = Path(self.folder.name) / f"layer-{len(self.on_disk)}.bin"
+        self.on_disk.append(_OnDisk(path, self.num_nodes))
+        return self.on_disk[-1]
+
+
+class _InMemory:
+    """A layer's outputs in one CPU tensor, allocated at the first
+    chunk (its width is the layer's)."""
+
+    def __init__(self, num_nodes: int):
+        self.num_nodes = num_nodes
+        self.rows = None
+
+    def write(self, start: int, out: torch.Tensor) -> None:
+        if self.rows is None:
+            self.rows = torch.empty((self.num_nodes, *out.shape[1:]),
+                                    dtype=out.dtype)
+        self.rows[start:start + len(out)] = out
+
+    def finish(self) -> torch.Tensor:
+        return self.rows
+
+
+class _OnDisk:
+    """A layer's outputs written in node order to a feature file, then
+    read through the storage tier."""
+
+    def __init__(self, path: Path, num_nodes: int):
+        self.path = path
+        self.num_nodes = num_nodes
+        self.writer = None
+        self.feature = None
+
+    def write(self, start: int, out: torch.Tensor) -> None:
+        if self.writer is None:
+            self.writer = FeatureFileWriter(
+                self.path, (self.num_nodes, *out.shape[1:]),
+                str(out.dtype).removeprefix("torch."))
+        self.writer.write(out.numpy())
+
+    def finish(self) -> StorageFeature:
+        self.writer.close()
+        self.feature = StorageFeature(self.path)
+        return self.feature
+
+    def close(self) -> None:
+        """Drop an unfinished file; close the finished one's reader."""
+        if self.feature is not None:
+            self.feature.close()
+        elif self.writer is not None:
+            self.writer.abort()

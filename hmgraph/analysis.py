@@ -14,6 +14,9 @@ blocks (`PageView`): per epoch, the blocks and requests the misses of each
 batch need in 4 KiB pages and in the disk's logical blocks, with the rows
 where the file has them and renumbered hottest first. Belady's misses,
 costed the same way, are the page-level reference.
+
+The description of the trace lives in `hmgraph.trace_stats`, the markdown
+summary in `hmgraph.analysis_summary`; both are importable from here.
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ import torch
 from tqdm.auto import tqdm
 
 from hmgraph import datasets
+from hmgraph.analysis_summary import summary_markdown
 from hmgraph.benchmark import write_results
 from hmgraph.cache.disk import disk_model, read_plan
 from hmgraph.cache.format import DATA_OFFSET, PAGE_BYTES
 from hmgraph.cache.plan import belady_policy, make_plan, replay_hits
-from hmgraph.cache.policies import make_policy, next_use_trace
+from hmgraph.cache.policies import make_policy
 from hmgraph.cache.reuse import member
-from hmgraph.markdown import markdown_table
+from hmgraph.trace_stats import trace_stats
 
 log = logging.getLogger(__name__)
 
@@ -393,152 +397,6 @@ def _tier_hits(trace, profile, plan, capacity, device_share, num_rows):
     requested = max(requested, 1)
     return {"device": device / requested, "host": host / requested,
             "storage": 1 - (device + host) / requested}
-
-
-def trace_stats(trace, hop_counts, degrees, num_rows: int) -> dict:
-    """Describe an access trace.
-
-    Returns
-    -------
-    dict
-        ``rows_for_80pct`` (share of rows making 80% of accesses),
-        ``frequency_cdf`` (x: share of rows, y: share of accesses),
-        ``reuse_distance`` (histogram over batches until the next use),
-        ``accesses_per_hop``, ``degree_correlation`` (Spearman, in-degree
-        vs accesses), ``adjacent_overlap`` (mean share of a batch's rows
-        also in the previous batch), batches and accesses.
-    """
-    counts = torch.zeros(num_rows, dtype=torch.int64)
-    for ids in trace:
-        counts[ids] += 1
-    accesses = int(counts.sum())
-    ordered = counts.sort(descending=True).values.double()
-    cumulative = ordered.cumsum(0) / max(accesses, 1)
-    rows_80 = int(torch.searchsorted(cumulative, 0.8)) + 1
-    points = np.unique(np.linspace(0, num_rows - 1, 200).astype(np.int64))
-    cdf = {"rows": (points + 1) / num_rows,
-           "accesses": cumulative[points].numpy()}
-    distances = torch.cat([
-        (after[after != torch.iinfo(torch.int64).max] - index)
-        for index, after in enumerate(next_use_trace(trace))
-    ]) if trace else torch.zeros(0, dtype=torch.int64)
-    edges = [1, 2, 3, 5, 9, 17, 33, 65, 129, 257, 10**9]
-    histogram = np.histogram(distances.numpy(), bins=edges)[0]
-    overlaps = [float(member(ids, last)[0].double().mean())
-                for last, ids in zip(trace, trace[1:], strict=False)
-                if ids.numel()]
-    used = counts > 0
-    corr = 0.0
-    if int(used.sum()) > 1:
-        a, b = _ranks(degrees[used]), _ranks(counts[used])
-        a, b = a - a.mean(), b - b.mean()
-        corr = float((a * b).sum() / (a.norm() * b.norm()).clamp(min=1e-12))
-    return {
-        "batches": len(trace),
-        "accesses": accesses,
-        "rows_touched": int(used.sum()),
-        "rows_for_80pct": rows_80 / num_rows,
-        "frequency_cdf": {k: v.tolist() for k, v in cdf.items()},
-        "reuse_distance": {"edges": edges[:-1],
-                           "counts": histogram.tolist(),
-                           "never": accesses - int(distances.numel())},
-        "accesses_per_hop": hop_counts.sum(1).tolist(),
-        "degree_correlation": corr,
-        "adjacent_overlap": float(np.mean(overlaps)) if overlaps else 0.0,
-    }
-
-
-def _ranks(values: torch.Tensor) -> torch.Tensor:
-    """Ranks (0 = smallest) as float64, for a Spearman correlation."""
-    return values.double().argsort().argsort().double()
-
-
-def summary_markdown(result: dict) -> str:
-    """Markdown: hit rate per policy and budget, the gap of each to OPT."""
-    rates = result["hit_rate"]
-    budgets = list(rates["belady"])
-    headers = ["policy", *(f"{float(b):.0%}" for b in budgets)]
-    align = "l" + "r" * len(budgets)
-    gaps = [[name, *(f"{1 - row[b] / rates['belady'][b]:.1%}"
-                     if rates["belady"][b] else "-" for b in budgets)]
-            for name, row in rates.items()
-            if name != "belady" and "reuse" not in name]
-    lines = [markdown_table(headers, [
-        [name, *(f"{row[b]:.3f}" for b in budgets)]
-        for name, row in rates.items()], align),
-        "", "Gap to OPT (Belady), relative: 1 - policy / OPT. Rows with "
-        "reuse are left out: their buffers hold whole batches on top of "
-        "the cache budget, so OPT of the budget is no ceiling for them.",
-        "", markdown_table(headers, gaps, align)]
-    stats = result["stats"]
-    lines += ["", f"- batches: {stats['batches']}, accesses: "
-              f"{stats['accesses']}, rows touched: {stats['rows_touched']}",
-              f"- rows making 80% of accesses: "
-              f"{stats['rows_for_80pct']:.1%} of all rows",
-              f"- mean overlap of adjacent batches: "
-              f"{stats['adjacent_overlap']:.1%}",
-              f"- Spearman correlation of in-degree and accesses: "
-              f"{stats['degree_correlation']:.3f}",
-              f"- accesses per hop (0 = seeds): "
-              f"{stats['accesses_per_hop']}"]
-    if result.get("bytes"):
-        lines += ["", *_bytes_table(result)]
-    return "\n".join(lines)
-
-
-def _unit(nbytes: int) -> tuple[str, float]:
-    """The largest of GB, MB, kB that ``nbytes`` fills at least once."""
-    for name, scale in (("GB", 1e9), ("MB", 1e6)):
-        if nbytes >= scale:
-            return name, scale
-    return "kB", 1e3
-
-
-def _times(ratio: float | None) -> str:
-    return "-" if ratio is None else f"{ratio:.2f}"
-
-
-def _bytes_table(result: dict) -> list[str]:
-    """Markdown lines: storage reads per epoch, policy x budget."""
-    view = result["page_view"]
-    page, disk = view["page_bytes"], view["disk_block_bytes"]
-    by_key = {(r["policy"], r["budget"], r["layout"], r["block_bytes"]): r
-              for r in result["bytes"]}
-    none = {(r["layout"], r["block_bytes"]): r["bytes"]
-            for r in result["no_cache_bytes"]}
-    layouts = ("file", "hot-first")
-    unit, scale = _unit(none["file", page])
-    headers = ["policy", "budget", *(
-        name for layout in layouts
-        for name in (f"{layout} {unit}", "/none", "/OPT"))]
-    if disk != page:
-        headers += [f"{layout} /OPT at {disk} B" for layout in layouts]
-    lines = [
-        f"Storage reads per epoch (page-level view): the blocks the missed "
-        f"rows need, {page // 1024} KiB pages unless marked, in the file's "
-        f"row order and with rows renumbered hottest first (profiled). "
-        f"/none: share of reading every batch whole; /OPT: against "
-        f"Belady's misses costed the same way.", "",
-        "No cache: " + ", ".join(
-            f"{layout} {none[layout, size] / scale:.3f} {unit}"
-            f"{'' if size == page else f' at {size} B'}"
-            for size in dict.fromkeys((page, disk)) for layout in layouts),
-        ""]
-    rows = []
-    for policy, budget in dict.fromkeys(
-            (r["policy"], r["budget"]) for r in result["bytes"]):
-        cells = [policy, f"{100 * budget:g}%"]
-        for layout in layouts:
-            row = by_key[policy, budget, layout, page]
-            cells += [f"{row['bytes'] / scale:.3f}",
-                      _times(row["vs_no_cache"]),
-                      _times(row["vs_belady"])]
-        if disk != page:
-            cells += [_times(by_key[policy, budget, layout, disk]["vs_belady"])
-                      for layout in layouts]
-        rows.append(cells)
-    return [*lines, markdown_table(headers, rows,
-                                   "l" + "r" * (len(headers) - 1))]
 
 
 def run(args) -> dict:

@@ -6,9 +6,16 @@ computes layer ``i`` for every node, one chunk of nodes at a time, with the
 full one-hop neighbourhood, before moving to layer ``i + 1``. Each node's
 representation is computed once per layer, and only two layers' outputs are
 held in CPU memory at any time; or, given a ``scratch`` folder, none: each
-hidden layer's outputs are written there as a feature file and read back
-through the storage tier, as the input features are (on synth-igb, 1
-million nodes of hidden width 256, that is 2 GB of host memory less).
+hidden layer's outputs are written there, chunk by chunk, as a feature
+file (in a temporary folder removed on return) and the next layer reads
+its rows back through the storage tier (`hmgraph.cache.StorageFeature`),
+as the input features are; host memory holds the chunks in flight and the
+logits (on synth-igb, 1 million nodes of hidden width 256: 2 GB less).
+
+`GCNConv` normalises by the graph's degrees, which the blocks carry once
+`hmgraph.models.layers.add_gcn_degrees` has run on the graph; a GCN then
+equals one full-graph pass at any chunk size. Without them it falls back
+to each block's own degrees, which depend on the chunk.
 """
 
 import os
@@ -57,8 +64,9 @@ def _gather_rows(features, ids):
     return rows
 
 
-def _check_features(graph, features):
-    """Raise if ``features`` cannot be the node features of ``graph``."""
+def _check_arguments(graph, features, batch_size: int) -> None:
+    """Raise if ``features`` cannot be the node features of ``graph``, the
+    graph has no nodes or ``batch_size`` is not positive."""
     if not isinstance(features, (torch.Tensor, np.ndarray, Feature)):
         raise TypeError(
             "features must be a torch.Tensor, a numpy array or an "
@@ -73,6 +81,10 @@ def _check_features(graph, features):
             f"features must have shape (num_nodes={graph.num_nodes()}, "
             f"in_feats); got {tuple(features.shape)}"
         )
+    if graph.num_nodes() == 0:
+        raise ValueError("graph has no nodes")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive; got {batch_size!r}")
 
 
 def layerwise_inference(
@@ -86,11 +98,12 @@ def layerwise_inference(
     ``dgl.dataloading.MultiLayerFullNeighborSampler(1)``, gathers the
     previous layer's rows of the block's input nodes, moves them to
     ``device`` and runs ``model.forward_layer(i, block, h)``. Outputs are
-    written into a preallocated CPU tensor; only the previous and the
-    current layer's outputs are kept.
+    written into a preallocated CPU tensor (or, given ``scratch``, a
+    feature file); only the previous and the current layer's outputs are
+    kept.
 
-    The model runs in eval mode under ``torch.no_grad()``; its previous
-    train/eval mode is restored on return, also when an error is raised.
+    The model runs in eval mode under ``torch.no_grad()``; its mode is
+    restored on return, also on an error.
 
     Parameters
     ----------
@@ -101,12 +114,10 @@ def layerwise_inference(
     graph : dgl.DGLGraph
         A homogeneous graph on the CPU.
     features : torch.Tensor, numpy.ndarray or hmgraph.cache.Feature
-        Node features of shape ``(graph.num_nodes(), in_feats)``: a CPU
-        tensor (possibly backed by a memmap), a NumPy array /
-        ``np.memmap``, or a `Feature` such as the storage tier or a
-        `FrozenView` of a loader's cache (features on disk: only each
-        chunk's input rows are ever in memory). Rows are cast to the
-        model's parameter dtype.
+        Rows ``(graph.num_nodes(), in_feats)``, cast to the model's dtype:
+        a CPU tensor, a NumPy array or ``np.memmap``, or a `Feature` (the
+        storage tier, a loader's cache's `FrozenView`: only each chunk's
+        input rows are ever in memory).
     device : str or torch.device, optional
         Where each layer is computed. Default: ``"cpu"``.
     batch_size : int, optional
@@ -114,12 +125,8 @@ def layerwise_inference(
     progress : bool, optional
         Whether to show a tqdm progress bar per layer. Default: ``False``.
     scratch : str or os.PathLike, optional
-        A folder on disk for the hidden layers' outputs: each is written
-        there, chunk by chunk, as a feature file (in a temporary folder
-        removed on return) and the next layer reads its rows back with
-        ``O_DIRECT`` (`hmgraph.cache.StorageFeature`), so host memory holds
-        the chunks in flight and the logits, not two layers of every node.
-        Default None: the outputs stay in memory.
+        A folder on disk for the hidden layers' outputs, read back with
+        ``O_DIRECT`` (see the module); None (default) keeps them in memory.
 
     Returns
     -------
@@ -137,10 +144,8 @@ def layerwise_inference(
 
     Notes
     -----
-    `GCNConv` normalises by the graph's degrees, which the blocks carry
-    once `hmgraph.models.layers.add_gcn_degrees` has run on ``graph``; a GCN
-    then equals one full-graph pass at any ``batch_size``. Without them it
-    falls back to each block's own degrees, which depend on the chunk.
+    A GCN equals one full-graph pass at any ``batch_size`` once
+    `hmgraph.models.layers.add_gcn_degrees` has run on ``graph`` (module).
 
     Examples
     --------
@@ -148,46 +153,41 @@ def layerwise_inference(
     >>> logits = layerwise_inference(model, graph, feats, device="cuda")
     >>> pred = logits.argmax(dim=1)
     """
-    _check_features(graph, features)
-    num_nodes = graph.num_nodes()
-    if num_nodes == 0:
-        raise ValueError("graph has no nodes")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive; got {batch_size!r}")
+    _check_arguments(graph, features, batch_size)
     device = torch.device(device)
-    dtype = next(model.parameters()).dtype
-    sampler = dgl.dataloading.MultiLayerFullNeighborSampler(1)
     was_training = model.training
-    last = len(model.layers) - 1
     try:
         model.eval()
-        with _Outputs(scratch, num_nodes) as outputs, torch.no_grad():
-            h_prev = features
-            for i in range(len(model.layers)):
-                h_next = outputs.layer(i == last)
-                starts = tqdm(range(0, num_nodes, batch_size),
-                              desc=f"layer {i}", disable=not progress)
-                for start in starts:
-                    seeds = torch.arange(
-                        start, min(start + batch_size, num_nodes),
-                        dtype=graph.idtype)
-                    h_next.write(start, _layer_chunk(
-                        model, i, graph, sampler, seeds, h_prev, device,
-                        dtype))
-                h_prev = h_next.finish()
+        with _Outputs(scratch, graph.num_nodes()) as outputs, \
+                torch.no_grad():
+            return _layers(model, graph, features, outputs, device,
+                           batch_size, progress)
     finally:
         model.train(was_training)
+
+
+def _layers(model, graph, features, outputs, device, batch_size, progress):
+    """Every layer in turn over every chunk; the last layer's outputs."""
+    num_nodes = graph.num_nodes()
+    dtype = next(model.parameters()).dtype
+    sampler = dgl.dataloading.MultiLayerFullNeighborSampler(1)
+    h_prev = features
+    for i in range(len(model.layers)):
+        h_next = outputs.layer(i == len(model.layers) - 1)
+        starts = tqdm(range(0, num_nodes, batch_size), desc=f"layer {i}",
+                      disable=not progress)
+        for start in starts:
+            seeds = torch.arange(start, min(start + batch_size, num_nodes),
+                                 dtype=graph.idtype)
+            # (1) One-hop full-neighbour block of this chunk.
+            input_nodes, _, blocks = sampler.sample(graph, seeds)
+            # (2) Previous layer's rows of the input nodes.
+            h = _gather_rows(h_prev, input_nodes).to(device=device,
+                                                     dtype=dtype)
+            # (3) This layer, written back to the CPU output.
+            h_next.write(start, model.forward_layer(i, blocks[0], h).cpu())
+        h_prev = h_next.finish()
     return h_prev
-
-
-def _layer_chunk(model, i, graph, sampler, seeds, h_prev, device, dtype):
-    """Layer ``i``'s outputs for ``seeds``, on the CPU."""
-    # (1) One-hop full-neighbour block of this chunk.
-    input_nodes, _, blocks = sampler.sample(graph, seeds)
-    # (2) Previous layer's rows of the input nodes.
-    h = _gather_rows(h_prev, input_nodes).to(device=device, dtype=dtype)
-    # (3) This layer, back on the CPU.
-    return model.forward_layer(i, blocks[0], h).cpu()
 
 
 class _Outputs:

@@ -38,7 +38,8 @@ CONFIGS = ((DGL, "memory", None, 0.0, 0.0),
 #: Batches profiled for the hot-first layout, as `hmgraph train` does.
 PROFILE_BATCHES = 32
 DGL_RATIO_MAX, CACHE_RATIO_MAX, MEMORY_RATIO_MAX = 1.25, 0.8, 1.05
-FULL = {"datasets": "synth-small", "max_batches": 20, "repeats": 3,
+FULL = {"datasets": "synth-small,synth-products", "max_batches": 20,
+        "repeats": 3,
         "out": "bench/results/loader.json"}
 QUICK = {"datasets": "synth-tiny", "max_batches": 4, "repeats": 1,
          "out": "/tmp/loader_quick.json"}

@@ -176,9 +176,12 @@ class StorageFeature(Feature):
     path : str or os.PathLike
         A feature file written by `hmgraph.cache.format.write_feature_file`.
     num_threads : int, optional
-        Threads issuing reads, the queue depth; default the depth the disk
-        model was measured to need (`hmgraph.cache.disk.disk_model`), 4
-        without a measured model.
+        Threads issuing reads, the deepest queue; default the depth where
+        the disk's random reads/s stop growing (`hmgraph.cache.disk.
+        disk_model`), 4 without a measured model. Each request keeps the
+        depth the model prices it soonest at in flight (`DiskModel.
+        depth_for`: all of them for many small reads, fewer for long
+        runs), at most this many.
     direct : bool
         Open with ``O_DIRECT`` (bypass the page cache); default True. Where
         the filesystem refuses it, reads are buffered and a
@@ -197,16 +200,18 @@ class StorageFeature(Feature):
         model measured fastest (`DiskModel.run_bytes`), or ``chunk_bytes``
         if less. Rounded down to whole blocks; must be at least 4096.
     chunk_bytes : int, optional
-        Target size of one task's buffer, in bytes; default twice
-        ``max_run_bytes``. Must be at least ``max_run_bytes``, since a task
-        holds whole runs. A task holds whole rows and keeps adjacent rows
-        together up to this size, so its buffer can reach about twice this
-        (plus one row). Small requests are split further so that every
-        thread gets work. Tasks of two runs keep the disk and the copies
-        out of the buffers busy together: while one thread copies its
-        task's rows into place, the others' reads are in flight (on
-        synth-small's batches of 80 MB, 0.057 s a batch against 0.079 s
-        with 4 MiB tasks of 4 MiB runs).
+        Target size of one piece (a read buffer's worth), in bytes;
+        default twice ``max_run_bytes``. Must be at least
+        ``max_run_bytes``, since a piece holds whole runs. A piece holds
+        whole rows and keeps adjacent rows together up to this size, so
+        its buffer can reach about twice this (plus one row). Small
+        requests are split further so that every thread gets work. A
+        thread reads such a piece, copies its rows
+        into place, then reads the next, so the disk and the copies are
+        busy together: while one thread copies, the others' reads are in
+        flight (on synth-small's batches of 80 MB, 0.057 s a batch with
+        pieces of two 256 KiB runs against 0.079 s with one 4 MiB buffer
+        of 4 MiB runs per task).
     max_gap_bytes : int, optional
         Blocks between two wanted blocks are read too when the gap is at
         most this many bytes; default the model's break-even gap
@@ -626,7 +631,7 @@ class StorageFeature(Feature):
             piece_rows=np.append(seg_rows[piece_segs], count),
             row_offsets=row_offsets)
         # (5) Tasks: consecutive pieces, each one call of the compiled
-        # loop (not one call per piece), one a thread at the depth the
+        # loop (not one call per piece), one per thread at the depth the
         # model prices this request's reads and bytes soonest at: every
         # thread for many small reads, fewer where bytes dominate.
         piece_blocks = np.add.reduceat(seg_blocks, piece_segs)
@@ -642,7 +647,8 @@ class StorageFeature(Feature):
                       int(piece_blocks[a:b].sum()))
                 for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
-    def _run_task(self, task: _Task, into: tuple) -> tuple[int, int, int]:
+    def _run_task(self, task: _Task, into: tuple
+                  ) -> tuple[int, int, int, float, float]:
         """Read a task's pieces and copy their rows into their places
         (``into``: ``(targets, which, where)`` of `read_into`).
 

@@ -118,6 +118,12 @@ def hmgraph_pass(data, seeds, args, features, cache, device, host,
         staging_rows=sum(p.staging_rows for p in loader.plan.values()),
         stage_seconds={k: v / max(record["batches"], 1)
                        for k, v in stats["seconds"].items()},
+        # CPU seconds per batch of each stage's thread, and of the storage
+        # tier's threads (system calls and copies out of read buffers).
+        stage_cpu_seconds={k: v / max(record["batches"], 1) for k, v in
+                           dict(stats["cpu_seconds"], storage=(stats.get(
+                               "storage") or {}).get("cpu_seconds", 0.0))
+                           .items()},
         storage_bytes=storage.get("bytes_read", 0),
         # The disk's floor: what its measured model prices the requests
         # and bytes of a batch at (io_requests / iops + bytes / bandwidth).
@@ -216,11 +222,15 @@ def report(result: dict) -> str:
     rows = []
     for r in result["records"]:
         stages = r.get("stage_seconds") or {}
+        cpu = r.get("stage_cpu_seconds") or {}
         rows.append([
             r["dataset"], r["config"], "-" if r["prefetch"] is None
             else r["prefetch"], r["seconds_per_batch"],
             r["cpu_seconds_per_batch"], r["vs_dgl"], r.get("vs_none"),
             stages.get("sample"), stages.get("fetch"), stages.get("wait"),
+            " / ".join(f"{cpu[k]:.3f}" for k in ("sample", "fetch",
+                                                 "storage")) if cpu
+            else "-",
             r.get("storage_bytes", 0) / 1e9 if r.get("storage_bytes")
             else None, r.get("disk_seconds_per_batch") or None,
             r["construct_seconds"]])
@@ -236,12 +246,15 @@ def report(result: dict) -> str:
         "is shared: only ratios within this run count. Disk model "
         "s/batch: the disk's measured model (`hmgraph disk`) priced on "
         "the requests and bytes a batch read, the floor of a loader "
-        "reading them.", "",
+        "reading them. CPU s/batch per stage: the sampling and fetching "
+        "threads' CPU time in their stage, and the storage tier's threads' "
+        "(reads and copies out of read buffers).", "",
         common.environment_text(result["environment"]), "",
         common.markdown_table(
             ["dataset", "loader", "prefetch", "s/batch", "CPU s/batch",
              "/ dgl", "/ none (disk)", "sample", "fetch", "wait",
-             "storage GB", "disk model s/batch", "construct s"], rows), "",
+             "CPU s/batch: sample / fetch / storage", "storage GB",
+             "disk model s/batch", "construct s"], rows), "",
         "## Targets (issue 33)", "",
         common.targets_table(result["targets"]), ""]
     return "\n".join(text)

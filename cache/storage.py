@@ -106,6 +106,9 @@ class StorageStats:
     model_seconds : float
         What the disk model prices the same requests and bytes at
         (``io_requests / iops + bytes_read / bandwidth``).
+    cpu_seconds : float
+        CPU time of the tier's threads (the reads' system calls and the
+        copies of rows out of the read buffers), summed over threads.
     """
 
     calls: int = 0
@@ -118,6 +121,7 @@ class StorageStats:
     io_requests: int = 0
     seconds: float = 0.0
     model_seconds: float = 0.0
+    cpu_seconds: float = 0.0
 
     @property
     def amplification(self) -> float:
@@ -550,14 +554,15 @@ class StorageFeature(Feature):
         still busy with another read."""
         concurrent.futures.wait(futures)
         blocks = nbytes = reads = 0
-        first, last = float("inf"), float("-inf")
+        first, last, cpu = float("inf"), float("-inf"), 0.0
         for future in futures:
-            task_blocks, task_bytes, task_reads, start, stop = \
+            task_blocks, task_bytes, task_reads, start, stop, task_cpu = \
                 future.result()
             blocks += task_blocks
             nbytes += task_bytes
             reads += task_reads
             first, last = min(first, start), max(last, stop)
+            cpu += task_cpu
         with self._lock:
             stats = self.stats
             stats.calls += 1
@@ -569,6 +574,7 @@ class StorageFeature(Feature):
             stats.useful_bytes += len(unique) * self._row_nbytes
             stats.io_requests += reads
             stats.seconds += planning + max(0.0, last - first)
+            stats.cpu_seconds += cpu
             stats.model_seconds += self.disk.seconds(reads, nbytes)
 
     def _plan(self, unique: np.ndarray) -> list[_Task]:
@@ -648,17 +654,18 @@ class StorageFeature(Feature):
                 for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
     def _run_task(self, task: _Task, into: tuple
-                  ) -> tuple[int, int, int, float, float]:
+                  ) -> tuple[int, int, int, float, float, float]:
         """Read a task's pieces and copy their rows into their places
         (``into``: ``(targets, which, where)`` of `read_into`).
 
         Returns
         -------
-        (int, int, int, float, float)
-            Blocks read, bytes transferred, ``pread`` calls, and when the
-            task started and ended (`time.perf_counter`).
+        (int, int, int, float, float, float)
+            Blocks read, bytes transferred, ``pread`` calls, when the task
+            started and ended (`time.perf_counter`), and its thread's CPU
+            seconds.
         """
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.thread_time()
         reads = task.reads
         view, base = self._buffer(task.buffer_bytes)
         targets, which, where = into
@@ -683,7 +690,7 @@ class StorageFeature(Feature):
                                counts)
             first += 1
         return (task.blocks, int(counts[0]), int(counts[1]), began,
-                time.perf_counter())
+                time.perf_counter(), time.thread_time() - cpu)
 
     def _finish_piece(self, view, base, reads: _Reads, piece: int,
                       failed: int, into: tuple, counts: np.ndarray) -> None:

@@ -58,6 +58,31 @@ def test_rows_equal_the_feature_file(tiny):
             np.asarray(rows[batch.input_nodes.numpy()])))
 
 
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_stages_count_their_threads_cpu_seconds(tiny, prefetch):
+    """CPU seconds per stage: the sampling and fetching threads' in their
+    stage (never more than the stage's wall seconds) and the storage
+    tier's threads', for rows read from the file; zeroed by reset."""
+    loader = DataLoader(tiny.graph, tiny.split["train"],
+                        dgl.dataloading.NeighborSampler([5, 3]),
+                        batch_size=250, features=tiny.feature_path,
+                        prefetch=prefetch, seed=0)
+    try:
+        for _ in loader:
+            pass
+        stats = loader.stats
+        for stage in ("sample", "fetch"):
+            assert 0.0 < stats.cpu_seconds[stage] \
+                <= stats.seconds[stage] + 0.01
+        assert stats.storage.cpu_seconds > 0.0
+        assert stats.as_dict()["cpu_seconds"] == stats.cpu_seconds
+        stats.reset()
+        assert stats.cpu_seconds == {"sample": 0.0, "fetch": 0.0}
+        assert stats.storage.cpu_seconds == 0.0
+    finally:
+        loader.close()
+
+
 def test_shuffle_is_seeded_per_epoch(tiny):
     sampler = dgl.dataloading.NeighborSampler([2])
     loader = DataLoader(tiny.graph, tiny.split["train"], sampler,

@@ -112,6 +112,9 @@ def run_one(name: str, settings: dict) -> dict:
         "construct": built,
         "seconds": {k: mean(k) for k in ("sample", "fetch", "wait",
                                          "train")},
+        # CPU seconds of the last epoch's stage threads and storage tier.
+        "cpu_seconds": dict(loader.get("cpu_seconds") or {},
+                            storage=storage.get("cpu_seconds", 0.0)),
         "hit_rate": cache.get("hit_rate", {}),
         "storage_bytes": storage.get("bytes_read", 0),
         "storage_requests": storage.get("io_requests", 0),
@@ -225,6 +228,10 @@ def format_table(rows: list[dict], args, epochs: int) -> str:
             f"{row['loader_only_seconds'] / alone:.2f}x"
             if alone and row.get("loader_only_seconds") else "-",
             s["sample"], s["fetch"], s["wait"], s["train"],
+            " / ".join(f"{row['cpu_seconds'][k]:.2f}" for k in (
+                "sample", "fetch", "storage"))
+            if row.get("cpu_seconds", {}).get("sample") is not None
+            else "-",
             f"{hits.get('device', 0):.1%}", f"{hits.get('host', 0):.1%}",
             format_bytes(row["storage_bytes"]),
             row.get("storage_requests") or "-", row.get("amplification"),
@@ -242,12 +249,15 @@ def format_table(rows: list[dict], args, epochs: int) -> str:
         f"amortized: (construct + {epochs} epochs) / {epochs} DGL "
         f"in-memory epochs. Loader only: one more epoch after training, "
         f"sampling and fetch with no model (what a GPU trainer waits "
-        f"for), against DGL's loader with features in memory.", "",
+        f"for), against DGL's loader with features in memory. CPU s: "
+        f"the last epoch's sampling and fetching threads' CPU time in "
+        f"their stage, and the storage tier's threads'.", "",
         markdown_table(
             ["config", "epoch s", "vs DGL in-memory", "construct s",
              f"vs DGL amortized over {epochs} epochs", "loader only s",
             "loader only vs DGL's", "sample s",
-             "fetch s (incl. transfer)", "wait s", "train s", "device hit",
+             "fetch s (incl. transfer)", "wait s", "train s",
+             "CPU s: sample / fetch / storage", "device hit",
              "host hit", "storage read", "storage requests",
              "read amplification", "host->device", "peak RSS MB",
              "test acc"], table)])

@@ -31,6 +31,8 @@ class SampledBatch:
         Other lazy features the sampler asked for.
     sample_seconds : float
         Time in the sampler.
+    sample_cpu_seconds : float
+        CPU time of the sampling thread meanwhile.
     """
 
     index: int
@@ -38,6 +40,7 @@ class SampledBatch:
     reads: list
     others: list
     sample_seconds: float
+    sample_cpu_seconds: float = 0.0
 
     @functools.cached_property
     def unique_inputs(self) -> dict:
@@ -67,12 +70,16 @@ class ReadyBatch:
         Labels of a node batch's output nodes.
     fetch_seconds : float
         Time reading the rows.
+    fetch_cpu_seconds : float
+        CPU time of the fetching thread meanwhile (the storage tier's
+        threads count their own: `hmgraph.cache.StorageStats`).
     """
 
     sampled: SampledBatch
     values: list
     y: torch.Tensor | None
     fetch_seconds: float
+    fetch_cpu_seconds: float = 0.0
 
 
 class MiniBatch(tuple):

@@ -104,7 +104,7 @@ class FetchStage(Stage):
     def _ready(self, ahead, stream) -> ReadyBatch:
         batch = ahead.popleft()
         future = [later.unique_inputs for later in ahead]
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         with torch.cuda.stream(stream) if stream is not None else \
                 contextlib.nullcontext():
             values, y = self.fetch(batch, future)
@@ -117,7 +117,8 @@ class FetchStage(Stage):
                 if tensor is not None and tensor.is_cuda:
                     tensor.record_stream(consumer)
         self.fetched += 1
-        return ReadyBatch(batch, values, y, time.perf_counter() - start)
+        return ReadyBatch(batch, values, y, time.perf_counter() - start,
+                          time.thread_time() - cpu)
 
     def fetch(self, sampled: SampledBatch, future: list) -> tuple:
         """``(values, labels)`` of one batch: the cached feature's rows

@@ -51,6 +51,8 @@ class FinishStage(Stage):
         self.stats.rows_requested += sum(r.ids.numel() for r in sampled.reads)
         self.stats.seconds["sample"] += sampled.sample_seconds
         self.stats.seconds["fetch"] += ready.fetch_seconds
+        self.stats.cpu_seconds["sample"] += sampled.sample_cpu_seconds
+        self.stats.cpu_seconds["fetch"] += ready.fetch_cpu_seconds
         if self.trace is not None:
             unique = sampled.unique_inputs
             self.trace.append(next(iter(unique.values()))

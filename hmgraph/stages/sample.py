@@ -156,7 +156,7 @@ class SampleStage(Stage):
         if seed is not None:
             dgl.seed(seed)
         for index in itertools.count():
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             batch = next(batches, _END)
             if batch is _END:
                 return
@@ -165,7 +165,8 @@ class SampleStage(Stage):
             reads, others = self.find_reads(batch)
             self.sampled = index + 1
             yield SampledBatch(index, batch, reads, others,
-                               time.perf_counter() - start)
+                               time.perf_counter() - start,
+                               time.thread_time() - cpu)
 
     def state_dict(self) -> dict:
         """Batches sampled this epoch, of how many."""

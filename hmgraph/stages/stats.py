@@ -23,6 +23,9 @@ class LoaderStats:
     seconds : dict of str to float
         Per stage: ``sample`` and ``fetch`` (in their threads when
         prefetching), ``wait`` (training waiting for a batch).
+    cpu_seconds : dict of str to float
+        CPU time of the ``sample`` and ``fetch`` stages' threads while in
+        them (the storage tier's threads: ``storage.cpu_seconds``).
     cache : CacheStats, dict or None
         Hits per tier, admissions, bytes per link (per node type on
         heterographs).
@@ -36,6 +39,8 @@ class LoaderStats:
     rows_requested: int = 0
     seconds: dict = field(default_factory=lambda: {
         "sample": 0.0, "fetch": 0.0, "wait": 0.0})
+    cpu_seconds: dict = field(default_factory=lambda: {
+        "sample": 0.0, "fetch": 0.0})
     cache: CacheStats | dict | None = None
     storage: object = None
     reuse: object = None
@@ -49,6 +54,7 @@ class LoaderStats:
         self.batches = 0
         self.rows_requested = 0
         self.seconds = {key: 0.0 for key in self.seconds}
+        self.cpu_seconds = {key: 0.0 for key in self.cpu_seconds}
         for part in self._parts():
             for stats in (part.values() if isinstance(part, dict)
                           else [part]):
@@ -66,7 +72,8 @@ class LoaderStats:
         """Counters as a JSON-ready dict."""
         record = {"batches": self.batches,
                   "rows_requested": self.rows_requested,
-                  "seconds": dict(self.seconds)}
+                  "seconds": dict(self.seconds),
+                  "cpu_seconds": dict(self.cpu_seconds)}
         for name in ("cache", "storage", "reuse"):
             part = getattr(self, name)
             if isinstance(part, dict):

@@ -184,6 +184,9 @@ class CacheSettings:
         "auto", "host tier memory, same forms, or auto (default: with "
         "features on disk, what is free after the graph, the working set "
         "and 2 GiB; with features in memory, 0)")
+    # 4, as measured on synth-papers (30 batches): 16 read a third fewer
+    # bytes but its per-batch work cost more than that on two cores
+    # (bench/results/cache_policies-synth-papers-windows.md).
     window: int = setting(4, "lookahead batches for the hmgraph cache",
                           type=non_negative_int)
     reuse: str = setting("none", "keep rows of recent batches on the device",

@@ -331,7 +331,6 @@ def report(result: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    common.watch_memory()
     dataset, facts = common.load(  # rows in memory only for that baseline
         args.dataset, args.root, features_on="memory"
         if "in-memory" in args.baselines else "disk")

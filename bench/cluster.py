@@ -415,7 +415,6 @@ def write(result: dict, args, part: str | None = None) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    common.watch_memory()
     accuracy = [args.small] + (["cora"] if args.cora_root else [])
     result = {"config": common.settings(args, accuracy_datasets=accuracy),
               "environment": common.environment(), "metis": None,

@@ -183,7 +183,6 @@ def main(argv=None) -> int:
     from hmgraph.samplers.cluster import cluster_order
 
     args = parse_args(argv)
-    common.watch_memory()
     dataset, facts = common.load(args.dataset, args.root)
     budget = parse_budget(args.device_budget, facts["feature_bytes"])
     train = dataset.split["train"]

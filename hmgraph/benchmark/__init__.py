@@ -11,7 +11,7 @@ One module a part, each a page or two:
 * `baselines`: the runs the ``bench/`` scripts set up alike (`load`,
   `seeded_subset`, `dgl_baseline`, `hot_first_layout`, `loader_epoch`);
 * `process`: the process runner (`isolated`, `ConfigurationFailed`) and
-  what a process used (`watch_memory`, `peak_rss_bytes`, `read_bytes`);
+  what a process used (`peak_rss_bytes`, `read_bytes`);
 * `tables`: the targets (`target`, `targets_table`, `built_note`),
   `amortized`, and `markdown_table` (from `hmgraph.markdown`, the one
   helper every table of the project goes through);
@@ -54,7 +54,6 @@ from hmgraph.benchmark.process import (
     isolated,
     peak_rss_bytes,
     read_bytes,
-    watch_memory,
 )
 from hmgraph.benchmark.results import (
     commit,
@@ -82,5 +81,5 @@ __all__ = [
     "isolated", "load", "loader_epoch", "markdown_table", "metis_parts",
     "metis_text", "new_model", "open_memmap", "peak_rss_bytes", "progress",
     "read_bytes", "run", "run_one", "seeded_subset", "target",
-    "targets_table", "train_step", "watch_memory", "write_results",
+    "targets_table", "train_step", "write_results",
 ]

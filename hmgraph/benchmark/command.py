@@ -30,7 +30,6 @@ from hmgraph.benchmark.process import (
     ConfigurationFailed,
     isolated,
     peak_rss_bytes,
-    watch_memory,
 )
 from hmgraph.benchmark.results import commit, write_results
 from hmgraph.benchmark.tables import (
@@ -76,7 +75,6 @@ def run_one(name: str, settings: dict) -> dict:
     import hmgraph.samplers.cluster as clustering
     import hmgraph.train as training
 
-    watch_memory()
     overrides = CONFIGS[name]
     config = training.TrainConfig(**{
         k: v for k, v in settings.items()

@@ -2,26 +2,25 @@
 
 `isolated` runs a function in a fresh (``spawn``) process and returns its
 value, or raises `ConfigurationFailed` with the child's traceback, exit
-code or reads; `watch_memory` and `peak_rss_bytes` sample this process's
-resident memory (its own peak, not a parent's); `read_bytes` counts its
-reads from block devices.
+code or reads; `peak_rss_bytes` (`hmgraph.memory`'s, the one the
+project uses) is this process's peak resident memory, its own, not a
+parent's; `read_bytes` counts its reads from block devices.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
-import threading
-import time
 import traceback
 
 import psutil
+
+from hmgraph.memory import peak_rss_bytes
 
 __all__ = [
     "ConfigurationFailed",
     "isolated",
     "peak_rss_bytes",
     "read_bytes",
-    "watch_memory",
 ]
 
 
@@ -39,7 +38,7 @@ def isolated(function, *args, timeout: float | None = None, **kwargs):
     """``function(*args, **kwargs)`` in a fresh process; its return value.
 
     ``spawn``: the child imports anew and shares no memory; its peak
-    memory is sampled from its start (`watch_memory`). An exception in the
+    memory (`peak_rss_bytes`) is its own. An exception in the
     child, its death (the OOM killer's SIGKILL), or a child still running
     after ``timeout`` seconds (then killed, e.g. a memmap gather stuck in
     page faults) raises `ConfigurationFailed` here with the child's
@@ -73,46 +72,12 @@ def isolated(function, *args, timeout: float | None = None, **kwargs):
 
 
 def _child(send, function, args, kwargs) -> None:
-    watch_memory()
     try:
         send.send((True, function(*args, **kwargs)))
     except Exception:  # noqa: BLE001 - carried to the parent
         send.send((False, traceback.format_exc()))
     finally:
         send.close()
-
-
-_peak = {"bytes": 0, "thread": None}
-
-
-def watch_memory(interval: float = 0.01) -> None:
-    """Sample this process's resident memory (psutil) every ``interval``
-    seconds from now on, in a daemon thread; idempotent.
-
-    psutil has no peak on Linux, and ``ru_maxrss`` of a spawned process
-    starts at its parent's peak: a child of a 300 MB parent reports 300
-    MB. A peak sampled here misses spikes shorter than ``interval``.
-    """
-    if _peak["thread"] is not None:
-        return
-    process = psutil.Process()
-
-    def sample() -> None:
-        while True:
-            _peak["bytes"] = max(_peak["bytes"], process.memory_info().rss)
-            time.sleep(interval)
-
-    _peak["thread"] = threading.Thread(target=sample, daemon=True,
-                                       name="peak-rss")
-    _peak["thread"].start()
-
-
-def peak_rss_bytes() -> int:
-    """Most resident memory seen since `watch_memory` (started here if
-    not yet)."""
-    watch_memory()
-    _peak["bytes"] = max(_peak["bytes"], psutil.Process().memory_info().rss)
-    return _peak["bytes"]
 
 
 def read_bytes() -> int:

@@ -36,6 +36,7 @@ import published
 # Sets OMP_WAIT_POLICY, which the spawned workers inherit.
 import hmgraph.openmp  # noqa: F401
 from hmgraph.cache.format import atomic_path
+from hmgraph.markdown import markdown_table
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = REPO.parent / "shared" / "data"
@@ -113,18 +114,17 @@ def format_markdown(report) -> str:
              f"levels, batch 128, Adam lr 0.001 (the CLI's defaults), "
              f"dropout 0.5 for every model; atom features only. ROC-AUC "
              f"% (higher is better) or RMSE (lower is better), mean ± std "
-             f"over seeds; **bold**: best of the set.", "",
-             "| model | " + " | ".join(
-                 f"{d} ({metric[d]})" for d in sets) + " |",
-             "|---|" + "---:|" * len(sets)]
+             f"over seeds; **bold**: best of the set.", ""]
+    align = "l" + "r" * len(sets)
     models = [m for m in MODELS if any(c["model"] == m for c in cells)]
     best = {}
     for d in sets:
         runs = [c for c in cells if c["dataset"] == d]
         pick = max if higher_is_better(metric[d]) else min
         best[d] = pick(runs, key=lambda c: c["summary"]["test_mean"])["model"]
+    scores = []
     for m in models:
-        row = []
+        row = [m]
         for d in sets:
             c = next((c for c in cells if (c["dataset"], c["model"])
                       == (d, m)), None)
@@ -137,29 +137,30 @@ def format_markdown(report) -> str:
             if s["folds_run"] != settings["seeds"]:
                 text += f" ({s['folds_run']} seeds)"
             row.append(f"**{text}**" if best[d] == m else text)
-        lines.append(f"| {m} | " + " | ".join(row) + " |")
-    lines += ["", "Mean best validation score and wall seconds per cell "
-              "(all seeds, one thread each, beside other work):", "",
-              "| model | " + " | ".join(sets) + " |",
-              "|---|" + "---:|" * len(sets)]
+        scores.append(row)
+    lines += [markdown_table(
+        ["model", *(f"{d} ({metric[d]})" for d in sets)], scores, align),
+        "", "Mean best validation score and wall seconds per cell (all "
+        "seeds, one thread each, beside other work):", ""]
+    seconds = []
     for m in models:
-        row = []
+        row = [m]
         for d in sets:
             c = next((c for c in cells if (c["dataset"], c["model"])
                       == (d, m)), None)
             row.append("-" if c is None else
                        f"{_fmt(metric[d], c['summary']['valid_mean'])}, "
                        f"{c['wall_seconds']:.0f} s")
-        lines.append(f"| {m} | " + " | ".join(row) + " |")
-    lines += ["", "## Published figures (their protocols, not ours)", "",
-              "| source | model | " + " | ".join(sets) + " |",
-              "|---|---|" + "---:|" * len(sets)]
-    for source, (_, figures) in PUBLISHED.items():
-        for model, by_set in figures.items():
-            lines.append(f"| {source} | {model} | " + " | ".join(
-                published.cell(by_set[d]) if d in by_set else "-"
-                for d in sets) + " |")
-    lines.append("")
+        seconds.append(row)
+    lines += [markdown_table(["model", *sets], seconds, align), "",
+              "## Published figures (their protocols, not ours)", "",
+              markdown_table(
+                  ["source", "model", *sets],
+                  [[source, model, *(published.cell(by_set[d])
+                                     if d in by_set else "-"
+                                     for d in sets)]
+                   for source, (_, figures) in PUBLISHED.items()
+                   for model, by_set in figures.items()], "l" + align), ""]
     lines += published.notes(PUBLISHED)
     found = verdicts(cells)
     wins = sum(v["verdict"] != "below" for v in found.values())
@@ -171,11 +172,11 @@ def format_markdown(report) -> str:
                      f"{_fmt(metric[d], v['gin_std'])}).")
     verdict = "PASS" if wins >= WINS_NEEDED else \
         "MISS" if len(found) == 4 else "OPEN"
-    lines += ["", "| target | value | limit | verdict |",
-              "|---|---:|---|---|",
-              f"| sets where HAP is better than GIN or within one std "
-              f"({len(found)} of 4 run) | {wins} | >= {WINS_NEEDED} | "
-              f"**{verdict}** |"]
+    lines += ["", markdown_table(
+        ["target", "value", "limit", "verdict"],
+        [[f"sets where HAP is better than GIN or within one std "
+          f"({len(found)} of 4 run)", str(wins), f">= {WINS_NEEDED}",
+          f"**{verdict}**"]], "lrll")]
     return "\n".join(lines) + "\n"
 
 

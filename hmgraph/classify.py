@@ -82,6 +82,7 @@ from hmgraph.graph_training import (
     target_scale,
     task_loss,
 )
+from hmgraph.markdown import markdown_table
 from hmgraph.protocol import (
     inner_splits,
     make_folds,
@@ -336,34 +337,32 @@ def format_markdown(result: dict) -> str:
     def fmt(value):
         return f"{value * scale:.2f}" if scale != 1 else f"{value:.4f}"
 
+    picks = ["pick"] if grid else []
+    rows = [[str(r["fold"]), *([r["pick"]] if grid else []),
+             str(r["best_epoch"]), str(r["epochs_run"]), fmt(r["valid"]),
+             fmt(r["test"]), f"{r['seconds']:.1f}"] for r in result["folds"]]
+    rows.append(["**mean ± std**", *([""] if grid else []), "",
+                 f"{summary['epochs_mean']:.1f}",
+                 fmt(summary["valid_mean"]),
+                 f"**{fmt(summary['test_mean'])} ± "
+                 f"{fmt(summary['test_std'])}**",
+                 f"{summary['seconds']:.1f}"])
     lines = [
-        f"# {result['dataset']['name']}: {result['config']['model']}",
-        "",
-        f"Protocol: {result['protocol']}.",
-        "",
-        f"| fold |{' pick |' if grid else ''} best epoch | epochs | "
-        f"valid {unit} | test {unit} | s |",
-        f"|---:|{'---|' if grid else ''}---:|---:|---:|---:|---:|",
+        f"# {result['dataset']['name']}: {result['config']['model']}", "",
+        f"Protocol: {result['protocol']}.", "",
+        markdown_table(["fold", *picks, "best epoch", "epochs",
+                        f"valid {unit}", f"test {unit}", "s"], rows,
+                       align="r" + "l" * len(picks) + "rrrrr"),
     ]
-    for r in result["folds"]:
-        pick = f" {r['pick']} |" if grid else ""
-        lines.append(f"| {r['fold']} |{pick} {r['best_epoch']} | "
-                     f"{r['epochs_run']}"
-                     f" | {fmt(r['valid'])} | {fmt(r['test'])} | "
-                     f"{r['seconds']:.1f} |")
-    lines.append(
-        f"| **mean ± std** |{' |' if grid else ''} | "
-        f"{summary['epochs_mean']:.1f} | "
-        f"{fmt(summary['valid_mean'])} | **{fmt(summary['test_mean'])} ± "
-        f"{fmt(summary['test_std'])}** | {summary['seconds']:.1f} |")
     if grid:
-        lines += ["", f"| configuration | folds picked | valid {unit} | "
-                  f"test {unit} (no selection) |", "|---|---:|---:|---:|"]
-        lines += [f"| {r['name']} | {result['picks'].get(r['name'], 0)} | "
-                  f"{fmt(r['summary']['valid_mean'])} | "
-                  f"{fmt(r['summary']['test_mean'])} ± "
-                  f"{fmt(r['summary']['test_std'])} |"
-                  for r in result["runs"]]
+        lines += ["", markdown_table(
+            ["configuration", "folds picked", f"valid {unit}",
+             f"test {unit} (no selection)"],
+            [[r["name"], str(result["picks"].get(r["name"], 0)),
+              fmt(r["summary"]["valid_mean"]),
+              f"{fmt(r['summary']['test_mean'])} ± "
+              f"{fmt(r['summary']['test_std'])}"] for r in result["runs"]],
+            align="lrrr")]
     return "\n".join(lines) + "\n"
 
 

@@ -142,6 +142,16 @@ class DiskModel:
                 f"run_bytes must be a positive multiple of {PAGE_BYTES} "
                 f"(bytes per request), got {run!r}"
             )
+        rates = [(name, cell[-1]) for name, cells in (
+            ("sweep", self.sweep), ("run_sweep", self.run_sweep))
+            for cell in cells]
+        for name, rate in rates:
+            if isinstance(rate, bool) or not isinstance(rate, numbers.Real) \
+                    or not math.isfinite(rate) or rate <= 0:
+                raise ValueError(
+                    f"{name} rates must be positive and finite (per "
+                    f"second), got {rate!r}"
+                )
 
     def seconds(self, requests: int, nbytes: int) -> float:
         """Modelled seconds of ``requests`` reads moving ``nbytes``, at

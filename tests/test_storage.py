@@ -675,6 +675,10 @@ BAD_DISK_VALUES = {
     "iops-text": ("iops", "fast", r"iops .* got 'fast'"),
     "run-of-1000": ("run_bytes", 1000, r"run_bytes must be a positive "
                     r"multiple of 4096 \(bytes per request\), got 1000"),
+    "zero-bandwidth-at-a-depth": (
+        "run_sweep", [[3, 1 << 20, 0.0]],
+        r"run_sweep rates must be positive and finite \(per second\), "
+        r"got 0\.0"),
 }
 
 

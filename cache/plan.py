@@ -30,7 +30,6 @@ budget.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -39,30 +38,37 @@ import numpy as np
 import torch
 
 from hmgraph.cache.budget import format_bytes
-from hmgraph.cache.coordinated import MARK_BYTES, FeatureCache, Layer
+from hmgraph.cache.coordinated import FeatureCache, Layer
 from hmgraph.cache.feature import Feature
-from hmgraph.cache.policies import POLICIES, BeladyPolicy, make_policy
+from hmgraph.cache.metadata import (
+    METADATA_SLACK_BYTES,
+    fit_host_rows,
+    metadata_bytes,
+    store_metadata_bytes,
+)
+from hmgraph.cache.policies import POLICIES, make_policy
 from hmgraph.cache.reuse import TABLE_BYTES_PER_ROW, reuse_profile
-from hmgraph.cache.slots import SLOT_BYTES, SlotStore, SlotTable
+from hmgraph.cache.slots import SlotStore, SlotTable
+from hmgraph.cache.trace_replay import (
+    STATIC_SHARES,
+    belady_policy,
+    choose_static_rows,
+    replay,
+    replay_hits,
+    split_profile,
+)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["STAGING_ROW_SHARE_MAX", "CachePlan", "belady_policy",
-           "build_cache", "make_plan", "metadata_bytes", "replay",
-           "replay_hits", "row_share", "store_metadata_bytes"]
+__all__ = ["METADATA_SLACK_BYTES", "STAGING_ROW_SHARE_MAX", "STATIC_SHARES",
+           "CachePlan", "belady_policy", "build_cache", "make_plan",
+           "metadata_bytes", "replay", "replay_hits", "row_share",
+           "store_metadata_bytes"]
 
 #: Reuse buffers are sized to this share (%) of the most rows the profile
 #: held at once: an epoch samples other neighbours than its profile, and a
 #: batch past the buffers keeps fewer rows for the next.
 REUSE_HEADROOM_PERCENT = 125
-
-#: Static shares of the cache tried when choosing the hmgraph split.
-STATIC_SHARES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
-
-#: Bookkeeping a positive host budget too small for it may leave
-#: unbudgeted (small graphs: the tables of a graph of some 40,000 nodes),
-#: reported as such; more is refused.
-METADATA_SLACK_BYTES = 1 << 20
 
 
 #: Window read planning pays only where a batch asks for less than this
@@ -81,96 +87,6 @@ def row_share(trace, num_rows: int) -> float:
     if not len(trace) or num_rows == 0:
         return 0.0
     return float(np.mean([len(ids) for ids in trace])) / num_rows
-
-
-def store_metadata_bytes(num_rows: int, capacity: int) -> int:
-    """Host bytes of one `SlotStore`'s tables; 0 when it has no slots.
-
-    An id -> slot table per node (int32, int64 past 2**31 slots), a
-    slot -> id table and a stack of free slots per slot (int64 each), and
-    the compiled engine's read stamp (int32): `SLOT_BYTES` per slot.
-    A store without slots is not built.
-    """
-    if capacity <= 0:
-        return 0
-    table = 4 if capacity < 2**31 else 8
-    return table * num_rows + SLOT_BYTES * capacity
-
-
-def _metadata_parts(policy, num_rows, device_rows, host_rows,
-                    staging_rows):
-    """(bytes per node, bytes for the slots) of a layout's bookkeeping."""
-    cls = POLICIES[policy]
-    per_node, slots = cls.layout_metadata((device_rows, host_rows))
-    stores = [rows for rows in (device_rows, host_rows) if rows > 0]
-    # One id -> slot table per store; the tiers of a layer that spans
-    # them share theirs (`SlotTable`).
-    tables = [sum(stores)] if cls.spans_stores and stores else stores
-    for capacity in tables + ([staging_rows] if staging_rows > 0 else []):
-        per_node += store_metadata_bytes(1, capacity) - SLOT_BYTES * capacity
-        slots += SLOT_BYTES * capacity
-    if staging_rows > 0:
-        per_node += MARK_BYTES
-    return per_node, slots
-
-
-def metadata_bytes(policy: str, num_rows: int, device_rows: int,
-                   host_rows: int, staging_rows: int = 0) -> int:
-    """Host bytes of bookkeeping a cache of this layout keeps.
-
-    What `build_cache` allocates besides rows: the policies' per-node and
-    per-slot state (`Policy.layout_metadata` of their classes), each
-    store's tables (`store_metadata_bytes`) and, with staging, the
-    window's marks (1 byte per node). Stores without rows, and layers
-    without stores, are not built and cost nothing.
-
-    Parameters
-    ----------
-    policy : str
-        A key of `hmgraph.cache.policies.POLICIES` except ``belady``.
-    num_rows : int
-        Nodes of the graph (rows of the feature matrix).
-    device_rows, host_rows, staging_rows : int
-        Rows of the device, host and staging stores.
-
-    Returns
-    -------
-    int
-        Bytes; every one of them lives in host memory.
-    """
-    per_node, slots = _metadata_parts(policy, num_rows, device_rows,
-                                      host_rows, staging_rows)
-    return per_node * num_rows + slots
-
-
-def _fit(cost, budget: int, limit: int) -> int:
-    """The largest ``rows`` in ``[0, limit]`` with ``cost(rows) <= budget``
-    (``cost`` grows with ``rows``; 0 when nothing fits)."""
-    if budget < 0 or cost(1) > budget or limit <= 0:
-        return 0
-    low, high = 1, limit
-    while low < high:
-        middle = (low + high + 1) // 2
-        if cost(middle) <= budget:
-            low = middle
-        else:
-            high = middle - 1
-    return low
-
-
-def _at_least(num_bytes: int) -> str:
-    """``num_bytes`` in decimal units to three digits, rounded up (both
-    a budget to give and the bookkeeping it must hold)."""
-    for power, unit in enumerate(("B", "KB", "MB", "GB", "TB")):
-        scale = 1000 ** power
-        if num_bytes < 1000 * scale or unit == "TB":
-            if unit == "B":
-                return f"{num_bytes} B"
-            value = num_bytes / scale
-            decimals = 2 if value < 10 else 1 if value < 100 else 0
-            step = 10 ** decimals
-            return f"{math.ceil(value * step) / step:.{decimals}f} {unit}"
-    raise AssertionError("unreachable")
 
 
 @dataclass
@@ -433,7 +349,7 @@ def _with_reuse(layout, num_rows, row_bytes, device_budget_bytes,
     plan = with_ring(trace)
     hotness, sizing = counts, trace
     if not trace_covers_epoch:
-        hotness, sizing = _held_out(trace, num_rows) if len(trace) >= 2 \
+        hotness, sizing = split_profile(trace, num_rows) if len(trace) >= 2 \
             else (None, trace)
     resident = _device_resident(plan, hotness)
     if resident is not None:
@@ -447,12 +363,12 @@ def _layout(policy, num_rows, row_bytes, device_rows, host_budget, staging,
             counts, trace, window, first=None) -> CachePlan:
     """The plan with ``device_rows`` device rows and what the host budget
     holds besides; for a policy whose static split is replayed
-    (``hmgraph``) the split on the profile (`_choose_static`), or, given
+    (``hmgraph``) the split on the profile (`choose_static_rows`), or, given
     a ``first`` plan of fewer rows, the same share of the cache and at
     least its static rows."""
     cls = POLICIES[policy]
     device_rows = min(num_rows, device_rows) if cls.holds_rows else 0
-    host_rows, staging_rows, charged = _host_rows(
+    host_rows, staging_rows, charged = fit_host_rows(
         policy, num_rows, row_bytes, device_rows, host_budget, staging)
     plan = CachePlan(policy, num_rows, row_bytes, device_rows, host_rows,
                      staging_rows=staging_rows,
@@ -463,7 +379,7 @@ def _layout(policy, num_rows, row_bytes, device_rows, host_budget, staging,
         return plan
     capacity = device_rows + host_rows
     if first is None:
-        plan.static_rows, plan.curve = _choose_static(
+        plan.static_rows, plan.curve = choose_static_rows(
             policy, num_rows, capacity, counts, list(trace), window)
     else:
         before = first.device_rows + first.host_rows
@@ -488,162 +404,6 @@ def _device_resident(plan: CachePlan, counts) -> torch.Tensor | None:
     resident = torch.zeros(plan.num_rows, dtype=torch.bool)
     resident[hottest[:rows]] = True
     return resident
-
-
-def _host_rows(policy, num_rows, row_bytes, device_rows, budget, staging):
-    """Host and staging rows that fit ``budget`` with their bookkeeping,
-    and whether the bookkeeping was charged."""
-    fixed = metadata_bytes(policy, num_rows, device_rows, 0)
-    if budget <= 0:
-        return 0, 0, fixed == 0
-    limit = num_rows - device_rows if POLICIES[policy].holds_rows else 0
-    # Room for the bookkeeping with a host tier, and one row in it.
-    need = metadata_bytes(policy, num_rows, device_rows, 1) + row_bytes \
-        if limit else fixed
-    if budget < need:
-        per_node, _ = _metadata_parts(policy, num_rows, device_rows,
-                                      1 if limit else 0, 0)
-        _, slots = _metadata_parts(policy, num_rows, device_rows, 0, 0)
-        metadata = per_node * num_rows + slots
-        if metadata > METADATA_SLACK_BYTES:
-            detail = f"{per_node} B per node x {num_rows:,} nodes"
-            if slots:
-                detail += (f" + {format_bytes(slots)} for "
-                           f"{device_rows:,} device rows")
-            raise ValueError(
-                f"host budget {format_bytes(budget)} cannot hold the "
-                f"cache's metadata of {_at_least(metadata)} ({detail}); "
-                f"give at least {_at_least(need)}")
-        log.warning("host budget %s holds no host row besides the cache's "
-                    "metadata of %s", format_bytes(budget),
-                    format_bytes(metadata))
-        return 0, 0, budget >= fixed
-    free = budget - fixed
-    if staging > 0 and limit and metadata_bytes(
-            policy, num_rows, device_rows, limit) - fixed \
-            + limit * row_bytes <= free:
-        # Every row fits: the host tier holds them all, nothing to stage.
-        return limit, 0, True
-
-    def staged(rows):
-        return metadata_bytes(policy, num_rows, device_rows, 0, rows) \
-            - fixed + rows * row_bytes
-
-    staging_rows = _fit(staged, int(free * staging), num_rows) \
-        if staging > 0 else 0
-    free -= staged(staging_rows)
-    base = metadata_bytes(policy, num_rows, device_rows, 0, staging_rows)
-
-    def held(rows):
-        return metadata_bytes(policy, num_rows, device_rows, rows,
-                              staging_rows) - base + rows * row_bytes
-
-    return _fit(held, free, limit), staging_rows, True
-
-
-def _held_out(trace, num_rows) -> tuple:
-    """A profile split in two: accesses per row over the first half of
-    ``trace`` (int64), and the second half, as batches not seen."""
-    half = len(trace) // 2
-    hotness = torch.zeros(num_rows, dtype=torch.int64)
-    for ids in trace[:half]:
-        hotness[ids] += 1
-    return hotness, trace[half:]
-
-
-def _choose_static(policy, num_rows, capacity, counts, trace, window):
-    """Static rows of ``policy`` (a name) with the best replayed hit rate
-    on the profile."""
-    if capacity == 0 or len(trace) < 2:
-        return capacity, []
-    # A static part is judged on batches it was not chosen from.
-    hotness, held_out = _held_out(trace, num_rows)
-    curve = []
-    for share in STATIC_SHARES:
-        static_rows = int(round(share * capacity))
-        rate = replay(make_policy(policy, num_rows, capacity,
-                                  hotness=hotness, static_rows=static_rows,
-                                  window=window), held_out)
-        curve.append({"static_share": share, "static_rows": static_rows,
-                      "hit_rate": rate})
-    # The highest hit rate; on a tie the larger static part (no refills).
-    best = max(curve, key=lambda p: (round(p["hit_rate"], 4),
-                                     p["static_rows"]))
-    return best["static_rows"], curve
-
-
-def replay(policy, trace: Sequence[torch.Tensor], window: int | None = None
-           ) -> float:
-    """Hit rate of ``policy`` on a trace of unique-id batches.
-
-    Parameters
-    ----------
-    policy : hmgraph.cache.policies.Policy
-        A fresh policy; it is warmed, then stepped through the trace with
-        the next ``window`` batches as lookahead (default: its own
-        ``window`` attribute, or none).
-    trace : sequence of torch.Tensor
-        Unique int64 ids per batch.
-
-    Returns
-    -------
-    float
-        Hits over requested rows; 0.0 for an empty trace.
-    """
-    hits, requested = replay_hits(policy, trace, window)
-    return hits / requested if requested else 0.0
-
-
-def belady_policy(trace: Sequence[torch.Tensor], num_rows: int,
-                  capacity: int) -> BeladyPolicy:
-    """Belady's optimal offline policy, told the whole ``trace``.
-
-    Parameters
-    ----------
-    trace : sequence of torch.Tensor
-        Unique int64 ids per batch, in order: the trace it is then
-        replayed on (`replay`, `replay_hits`).
-    num_rows : int
-        Rows of the feature matrix.
-    capacity : int
-        Rows it may hold.
-
-    Returns
-    -------
-    BeladyPolicy
-        A fresh policy; its `replay` on ``trace`` is the optimal hit rate
-        at ``capacity`` rows.
-    """
-    policy = BeladyPolicy(num_rows, capacity)
-    policy.set_trace(trace)
-    return policy
-
-
-def replay_hits(policy, trace: Sequence[torch.Tensor],
-                window: int | None = None, on_miss=None,
-                lookahead: Sequence[torch.Tensor] | None = None
-                ) -> tuple[int, int]:
-    """Hits and requested rows of a replay (see `replay`).
-
-    ``on_miss``, if given, is called with each batch's missed ids (sorted,
-    unique), e.g. to cost them in storage blocks. ``lookahead``, if given
-    (as long as ``trace``), is what the next ``window`` batches are taken
-    from instead of ``trace``: batch reuse asks the cache for the rows it
-    did not reuse and passes on the next batches whole.
-    """
-    if window is None:
-        window = getattr(policy, "window", 0)
-    ahead = trace if lookahead is None else lookahead
-    policy.warm()
-    hits = requested = 0
-    for index, ids in enumerate(trace):
-        future = ahead[index + 1:index + 1 + window] if window else ()
-        hit = policy.step(ids, future).hit
-        hits += int(hit.sum())
-        requested += ids.numel()
-        if on_miss is not None:
-            on_miss(ids[~hit])
-    return hits, requested
 
 
 def build_cache(source: Feature, plan: CachePlan, device="cpu", *,

@@ -35,14 +35,20 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from hmgraph.cache import compiled
-from hmgraph.cache.feature import Feature, check_ids, unique_sorted
-from hmgraph.cache.policies import Policy
+from hmgraph.cache.counters import CacheStats, add_count
+from hmgraph.cache.feature import (
+    Feature,
+    check_ids,
+    request_rows,
+    unique_sorted,
+)
+from hmgraph.cache.frozen import FrozenView
+from hmgraph.cache.layer import Layer
 from hmgraph.cache.slots import SlotStore
 
 __all__ = ["ENGINES", "MARK_BYTES", "CacheStats", "FeatureCache",
@@ -55,116 +61,6 @@ ENGINES = ("compiled", "torch")
 _WARM_CHUNK_ROWS = 1 << 16
 #: Host bytes per node of window read planning's marks (int8).
 MARK_BYTES = 1
-
-
-@dataclass
-class Layer:
-    """One policy over one or more slot stores (filled in order)."""
-
-    policy: Policy
-    stores: list[SlotStore]
-
-    def __post_init__(self):
-        capacity = sum(store.capacity for store in self.stores)
-        if capacity != self.policy.capacity:
-            raise ValueError(
-                f"policy {self.policy.name} holds {self.policy.capacity} "
-                f"rows but its stores hold {capacity}"
-            )
-
-
-@dataclass
-class CacheStats:
-    """Counters of a feature cache; rates are 0.0 before any request.
-
-    Attributes
-    ----------
-    requests : int
-        Read calls.
-    rows_requested : int
-        Unique ids asked, summed over reads.
-    hits : dict of str to int
-        Rows served per store name (``device``, ``host``, ``staged``: rows
-        brought along by an earlier batch's reads) and ``source``.
-    admitted, evicted : dict of str to int
-        Rows inserted into / removed from each store while reading.
-    bytes : dict of str to int
-        Bytes per link: ``storage->host`` (rows from the source, staged
-        rows included) and ``host->device`` (rows that crossed to the
-        training device).
-    seconds : float
-        Wall time spent in reads.
-    metadata_bytes : dict of str to int
-        Bytes of bookkeeping (slot tables, policy state, window marks) the
-        cache allocated when built, per memory (``host``, ``device``);
-        kept by `reset`.
-    """
-
-    requests: int = 0
-    rows_requested: int = 0
-    hits: dict = field(default_factory=dict)
-    admitted: dict = field(default_factory=dict)
-    evicted: dict = field(default_factory=dict)
-    bytes: dict = field(default_factory=lambda: {
-        "storage->host": 0, "host->device": 0})
-    seconds: float = 0.0
-    metadata_bytes: dict = field(default_factory=dict)
-
-    def hit_rate(self, tier: str) -> float:
-        """Share of requested rows served by ``tier``."""
-        if self.rows_requested == 0:
-            return 0.0
-        return self.hits.get(tier, 0) / self.rows_requested
-
-    @property
-    def miss_rate(self) -> float:
-        """Share of requested rows read from the source."""
-        return self.hit_rate("source")
-
-    def reset(self) -> None:
-        """Zero every counter (the metadata bytes are no counter)."""
-        metadata = self.metadata_bytes
-        self.__init__()
-        self.metadata_bytes = metadata
-
-    def as_dict(self) -> dict:
-        """Counters and per-tier hit rates as a JSON-ready dict."""
-        return {
-            "requests": self.requests,
-            "rows_requested": self.rows_requested,
-            "hits": dict(self.hits),
-            "hit_rate": {k: self.hit_rate(k) for k in self.hits},
-            "admitted": dict(self.admitted),
-            "evicted": dict(self.evicted),
-            "bytes": dict(self.bytes),
-            "seconds": self.seconds,
-            "metadata_bytes": dict(self.metadata_bytes),
-        }
-
-
-def _add(counter: dict, key: str, value: int) -> None:
-    counter[key] = counter.get(key, 0) + int(value)
-
-
-def _request(ids: torch.Tensor, feature: Feature):
-    """Sorted unique ids, the output buffer, and where rows go in it.
-
-    Returns ``(unique, out, where, inverse)``: ``where(positions)`` maps
-    positions in ``unique`` to rows of ``out`` (on the feature's device).
-    When the ids have no duplicates (DGL's input nodes), ``out`` is in
-    request order and rows are written straight to their place, with no
-    reordering copy at the end (``inverse`` is None); otherwise ``out``
-    follows ``unique`` and the caller returns ``out[inverse]``.
-    """
-    unique, inverse = unique_sorted(ids)
-    out = torch.empty((unique.numel(), *feature.row_shape),
-                      dtype=feature.dtype, device=feature.device)
-    device = feature.device
-    if inverse is not None and inverse.numel() == unique.numel():
-        order = torch.empty_like(inverse)
-        order[inverse] = torch.arange(inverse.numel())
-        return unique, out, lambda pos: order[pos].to(device), None
-    return unique, out, lambda pos: pos.to(device), inverse
 
 
 class FeatureCache(Feature):
@@ -277,12 +173,12 @@ class FeatureCache(Feature):
                 held = slots >= 0
                 out[pending[held].to(self.device)] = store.gather(
                     slots[held]).to(self.device)
-                _add(found, store.name, int(held.sum()))
+                add_count(found, store.name, int(held.sum()))
                 pending = pending[~held]
         for tier, rows in found.items():
             self._count_hits(tier, rows, stats)
         self._count_hits("source", 0, stats)
-        _add(stats.bytes, "storage->host", 0)
+        add_count(stats.bytes, "storage->host", 0)
         stats.requests += 1
         stats.rows_requested += asked.numel()
         stats.seconds += time.perf_counter() - start
@@ -320,9 +216,9 @@ class FeatureCache(Feature):
         """Bytes of row memory held per store name."""
         held: dict[str, int] = {}
         for store in self.stores:
-            _add(held, store.name, store.nbytes)
+            add_count(held, store.name, store.nbytes)
         if self.staging is not None:
-            _add(held, "staged", self.staging.nbytes)
+            add_count(held, "staged", self.staging.nbytes)
         return held
 
     def static_on_device(self) -> torch.Tensor | None:
@@ -416,7 +312,7 @@ class FeatureCache(Feature):
 
     def _read_locked(self, ids, future) -> torch.Tensor:
         start = time.perf_counter()
-        unique, out, where, inverse = _request(ids, self)
+        unique, out, where, inverse = request_rows(ids, self)
         pending = torch.arange(unique.numel())  # positions not yet served
         asked_per_layer, hits = [], {}
         # (1) Each layer serves what its stores hold. Nothing is decided
@@ -430,7 +326,7 @@ class FeatureCache(Feature):
                 if found.any():
                     out[where(pending[found])] = store.gather(
                         slots[found]).to(self.device)
-                    _add(hits, store.name, int(found.sum()))
+                    add_count(hits, store.name, int(found.sum()))
                     served |= found
             asked_per_layer.append((layer, asked, served))
             pending = pending[~served]
@@ -441,7 +337,7 @@ class FeatureCache(Feature):
             if found.any():
                 out[where(pending[found])] = self.staging.gather(
                     slots[found]).to(self.device)
-                _add(hits, "staged", int(found.sum()))
+                add_count(hits, "staged", int(found.sum()))
                 pending = pending[~found]
         missed = unique[pending]
         along = None
@@ -473,7 +369,7 @@ class FeatureCache(Feature):
         for tier, rows in hits.items():
             self._count_hits(tier, rows)
         self._count_hits("source", missed.numel())
-        _add(self.stats.bytes, "storage->host",
+        add_count(self.stats.bytes, "storage->host",
              self.row_bytes * missed.numel())
         self.stats.requests += 1
         self.stats.rows_requested += unique.numel()
@@ -510,25 +406,26 @@ class FeatureCache(Feature):
             for layer in self.layers:
                 needed &= ~layer.policy.resident[held]
             freed = staging.remove(held[~needed])
-            _add(self.stats.evicted, "staged", freed.numel())
+            add_count(self.stats.evicted, "staged", freed.numel())
 
     def _stage(self, ids, rows) -> None:
         """Keep rows brought along (the storage tier took what fits)."""
         self.staging.insert(ids, rows)
-        _add(self.stats.admitted, "staged", ids.numel())
-        _add(self.stats.bytes, "storage->host", self.row_bytes * ids.numel())
+        add_count(self.stats.admitted, "staged", ids.numel())
+        add_count(self.stats.bytes, "storage->host",
+                  self.row_bytes * ids.numel())
 
     def _count_hits(self, tier: str, rows: int, stats=None) -> None:
         """Rows served by ``tier``; all but the device's cross to it."""
         stats = self.stats if stats is None else stats
-        _add(stats.hits, tier, rows)
+        add_count(stats.hits, tier, rows)
         if tier != "device":
-            _add(stats.bytes, "host->device", rows * self.row_bytes)
+            add_count(stats.bytes, "host->device", rows * self.row_bytes)
 
     def _apply(self, layer: Layer, step, unique, out, where) -> None:
         for store in layer.stores:
             freed = store.remove(step.evict)
-            _add(self.stats.evicted, store.name, freed.numel())
+            add_count(self.stats.evicted, store.name, freed.numel())
         admit = step.admit
         if admit.numel() == 0:
             return
@@ -537,7 +434,7 @@ class FeatureCache(Feature):
             take = min(store.num_free, admit.numel())
             if take:
                 store.insert(admit[:take], out[where(positions[:take])])
-                _add(self.stats.admitted, store.name, take)
+                add_count(self.stats.admitted, store.name, take)
                 admit, positions = admit[take:], positions[take:]
         assert admit.numel() == 0, "policy admitted more than it can hold"
 
@@ -591,57 +488,3 @@ class FeatureCache(Feature):
     def __repr__(self) -> str:
         stores = ", ".join(repr(s) for s in self.stores)
         return f"FeatureCache([{stores}] over {self.source!r})"
-
-
-class FrozenView(Feature):
-    """Reads through a `FeatureCache` that leave it exactly as it was.
-
-    Hits are served from the stores, misses read from the cache's source;
-    no policy sees the ids and nothing is admitted or evicted, so an
-    evaluation pass does not disturb what training has cached. Counters
-    go to this view's own `CacheStats`.
-
-    Parameters
-    ----------
-    cache : FeatureCache
-        The cache to read through; rows come back on its device.
-    """
-
-    def __init__(self, cache: FeatureCache):
-        self.cache = cache
-        self.num_rows = cache.num_rows
-        self.row_shape = cache.row_shape
-        self.dtype = cache.dtype
-        self.device = cache.device
-        self.stats = CacheStats()
-
-    def _read(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.cache.complete:
-            return self.cache._gather_held(ids, self.stats)
-        reader = self.cache._compiled
-        if reader is not None:
-            with self.cache._lock:  # the stamps and buffers are shared
-                return compiled.each_once(
-                    lambda asked: reader.frozen_read(asked, self.stats), ids)
-        start = time.perf_counter()
-        unique, out, where, inverse = _request(ids, self)
-        pending = torch.arange(unique.numel())
-        for store in self.cache.stores:
-            slots = store.slots(unique[pending])
-            found = slots >= 0
-            if found.any():
-                out[where(pending[found])] = store.gather(
-                    slots[found]).to(self.device)
-                _add(self.stats.hits, store.name, int(found.sum()))
-                pending = pending[~found]
-        if pending.numel():
-            out[where(pending)] = self.cache.source.read(
-                unique[pending]).to(self.device)
-            _add(self.stats.bytes, "storage->host",
-                 self.row_bytes * pending.numel())
-        _add(self.stats.hits, "source", pending.numel())
-        self.stats.requests += 1
-        self.stats.rows_requested += unique.numel()
-        self.stats.seconds += time.perf_counter() - start
-        return out if inverse is None else out.index_select(
-            0, inverse.to(self.device))

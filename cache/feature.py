@@ -12,8 +12,8 @@ from abc import ABC, abstractmethod
 import numpy as np
 import torch
 
-__all__ = ["Feature", "TensorFeature", "check_ids", "torch_dtype",
-           "unique_sorted"]
+__all__ = ["Feature", "TensorFeature", "check_ids", "request_rows",
+           "torch_dtype", "unique_sorted"]
 
 
 def unique_sorted(ids: torch.Tensor):
@@ -184,3 +184,36 @@ class TensorFeature(Feature):
 
     def _read(self, ids: torch.Tensor) -> torch.Tensor:
         return self.rows[ids.to(self.device)]
+
+
+def request_rows(ids: torch.Tensor, feature: Feature):
+    """Sorted unique ids, the output buffer, and where rows go in it.
+
+    When the ids have no duplicates (DGL's input nodes), ``out`` is in
+    request order and rows are written straight to their place, with no
+    reordering copy at the end (``inverse`` is None); otherwise ``out``
+    follows ``unique`` and the caller returns ``out[inverse]``.
+
+    Parameters
+    ----------
+    ids : torch.Tensor
+        1-D int64 ids of a read, checked (`check_ids`), on the CPU.
+    feature : Feature
+        What is read: its rows' shape, dtype and device.
+
+    Returns
+    -------
+    tuple
+        ``(unique, out, where, inverse)``: ``out`` is an empty tensor of
+        ``len(unique)`` rows on the feature's device; ``where(positions)``
+        maps positions in ``unique`` to rows of ``out`` (on that device).
+    """
+    unique, inverse = unique_sorted(ids)
+    out = torch.empty((unique.numel(), *feature.row_shape),
+                      dtype=feature.dtype, device=feature.device)
+    device = feature.device
+    if inverse is not None and inverse.numel() == unique.numel():
+        order = torch.empty_like(inverse)
+        order[inverse] = torch.arange(inverse.numel())
+        return unique, out, lambda pos: order[pos].to(device), None
+    return unique, out, lambda pos: pos.to(device), inverse

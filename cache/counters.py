@@ -1,0 +1,96 @@
+"""Counters of a feature cache: requests, hits per tier, bytes per link.
+
+`CacheStats` is what every `hmgraph.cache.coordinated.FeatureCache` (and
+each `hmgraph.cache.frozen.FrozenView` over one) counts its reads in;
+rates are 0.0 before the first request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["CacheStats", "add_count"]
+
+
+@dataclass
+class CacheStats:
+    """Counters of a feature cache; rates are 0.0 before any request.
+
+    Attributes
+    ----------
+    requests : int
+        Read calls.
+    rows_requested : int
+        Unique ids asked, summed over reads.
+    hits : dict of str to int
+        Rows served per store name (``device``, ``host``, ``staged``: rows
+        brought along by an earlier batch's reads) and ``source``.
+    admitted, evicted : dict of str to int
+        Rows inserted into / removed from each store while reading.
+    bytes : dict of str to int
+        Bytes per link: ``storage->host`` (rows from the source, staged
+        rows included) and ``host->device`` (rows that crossed to the
+        training device).
+    seconds : float
+        Wall time spent in reads.
+    metadata_bytes : dict of str to int
+        Bytes of bookkeeping (slot tables, policy state, window marks) the
+        cache allocated when built, per memory (``host``, ``device``);
+        kept by `reset`.
+    """
+
+    requests: int = 0
+    rows_requested: int = 0
+    hits: dict = field(default_factory=dict)
+    admitted: dict = field(default_factory=dict)
+    evicted: dict = field(default_factory=dict)
+    bytes: dict = field(default_factory=lambda: {
+        "storage->host": 0, "host->device": 0})
+    seconds: float = 0.0
+    metadata_bytes: dict = field(default_factory=dict)
+
+    def hit_rate(self, tier: str) -> float:
+        """Share of requested rows served by ``tier``."""
+        if self.rows_requested == 0:
+            return 0.0
+        return self.hits.get(tier, 0) / self.rows_requested
+
+    @property
+    def miss_rate(self) -> float:
+        """Share of requested rows read from the source."""
+        return self.hit_rate("source")
+
+    def reset(self) -> None:
+        """Zero every counter (the metadata bytes are no counter)."""
+        metadata = self.metadata_bytes
+        self.__init__()
+        self.metadata_bytes = metadata
+
+    def as_dict(self) -> dict:
+        """Counters and per-tier hit rates as a JSON-ready dict."""
+        return {
+            "requests": self.requests,
+            "rows_requested": self.rows_requested,
+            "hits": dict(self.hits),
+            "hit_rate": {k: self.hit_rate(k) for k in self.hits},
+            "admitted": dict(self.admitted),
+            "evicted": dict(self.evicted),
+            "bytes": dict(self.bytes),
+            "seconds": self.seconds,
+            "metadata_bytes": dict(self.metadata_bytes),
+        }
+
+
+def add_count(counter: dict, key: str, value: int) -> None:
+    """Add ``value`` to ``counter[key]`` (0 when absent), as an int.
+
+    Parameters
+    ----------
+    counter : dict of str to int
+        A counter of `CacheStats` (``hits``, ``bytes``, ...).
+    key : str
+        The tier or link counted.
+    value : int
+        What to add (a tensor's count is converted).
+    """
+    counter[key] = counter.get(key, 0) + int(value)

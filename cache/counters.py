@@ -1,15 +1,16 @@
-"""Counters of a feature cache: requests, hits per tier, bytes per link.
+"""Counters of the caches: requests, hits per tier, bytes per link.
 
 `CacheStats` is what every `hmgraph.cache.coordinated.FeatureCache` (and
 each `hmgraph.cache.frozen.FrozenView` over one) counts its reads in;
-rates are 0.0 before the first request.
+`ReuseStats` what `hmgraph.cache.reuse.BatchReuse` counts its batches in.
+Rates are 0.0 before the first request.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["CacheStats", "add_count"]
+__all__ = ["CacheStats", "ReuseStats", "add_count"]
 
 
 @dataclass
@@ -94,3 +95,64 @@ def add_count(counter: dict, key: str, value: int) -> None:
         What to add (a tensor's count is converted).
     """
     counter[key] = counter.get(key, 0) + int(value)
+
+
+@dataclass
+class ReuseStats:
+    """Counters of batch reuse; 0 before the first batch.
+
+    Attributes
+    ----------
+    rows_requested : int
+        Input rows asked (DGL's input nodes are unique).
+    reused : dict of str to int
+        Rows copied on the device from each level (``level1``, ``level2``).
+    bytes_saved : int
+        Bytes that did not cross to the device (or come from storage).
+    seconds : float
+        Time batch reuse spent, all but the reads of the cache below:
+        looking ids up in the table, copying reused rows, keeping the
+        batch (a copy of its rows, its ids in the table) and moving the
+        ids of the rest to the host (a sync on CUDA).
+    copy_seconds : float
+        The part of ``seconds`` spent copying rows on the device: reused
+        rows into the batch, the batch's rows into the buffer.
+    peak_bytes : int
+        Most device bytes the buffers and the id table held after a read.
+    staging_bytes : int
+        Device bytes of the staging the rows asked of the cache below pass
+        through (as many as the most one batch asked, grown by a quarter
+        when short; without reuse the batch's own rows). The compiled
+        engine keeps no staging of its own: the rows pass through the
+        cache below's own tensor, at most this size.
+    """
+
+    rows_requested: int = 0
+    reused: dict = field(default_factory=lambda: {"level1": 0,
+                                                  "level2": 0})
+    bytes_saved: int = 0
+    seconds: float = 0.0
+    copy_seconds: float = 0.0
+    peak_bytes: int = 0
+    staging_bytes: int = 0
+
+    def reuse_rate(self) -> float:
+        """Share of requested rows reused (0.0 before any)."""
+        if self.rows_requested == 0:
+            return 0.0
+        return sum(self.reused.values()) / self.rows_requested
+
+    def reset(self) -> None:
+        """Zero every counter."""
+        self.__init__()
+
+    def as_dict(self) -> dict:
+        """Counters as a JSON-ready dict."""
+        return {"rows_requested": self.rows_requested,
+                "reused": dict(self.reused),
+                "reuse_rate": self.reuse_rate(),
+                "bytes_saved": self.bytes_saved,
+                "seconds": self.seconds,
+                "copy_seconds": self.copy_seconds,
+                "peak_bytes": self.peak_bytes,
+                "staging_bytes": self.staging_bytes}

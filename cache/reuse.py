@@ -54,15 +54,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from hmgraph.cache import reuse_engine
 from hmgraph.cache.buffers import BufferPool
+from hmgraph.cache.counters import ReuseStats
 from hmgraph.cache.engine import byte_rows
 from hmgraph.cache.feature import Feature, check_ids
+from hmgraph.cache.reuse_sizing import member, reuse_profile
 
 __all__ = ["ENGINES", "REUSE_LEVELS", "TABLE_BYTES_PER_ROW", "BatchReuse",
            "ReuseStats", "member", "reuse_profile"]
@@ -80,137 +81,6 @@ _WRAP = 2**29  # restart the counter (and clear the tables) here: stamps
 #: tensor code they are tested against (the reference; CUDA devices).
 ENGINES = ("compiled", "torch")
 _SCRATCH = 6  # int64 rows of scratch per batch row (compiled engine)
-
-
-def member(ids: torch.Tensor, sorted_ids: torch.Tensor):
-    """Which ``ids`` are in ``sorted_ids``, and where.
-
-    Returns
-    -------
-    (torch.Tensor, torch.Tensor)
-        bool mask over ``ids``, and the positions in ``sorted_ids`` of the
-        ids found (same device as the inputs).
-    """
-    if sorted_ids.numel() == 0:
-        empty = torch.zeros(0, dtype=torch.int64, device=ids.device)
-        return torch.zeros_like(ids, dtype=torch.bool), empty
-    position = torch.searchsorted(sorted_ids, ids)
-    position = position.clamp_(max=sorted_ids.numel() - 1)
-    found = sorted_ids[position] == ids
-    return found, position[found]
-
-
-def reuse_profile(trace: Sequence[torch.Tensor], levels: int,
-                  resident: torch.Tensor | None = None) -> dict:
-    """Rows batch reuse holds and serves on a profiled trace.
-
-    What `BatchReuse` does with a lookahead: batch t keeps the rows that
-    batch t+1 asks for and, with two levels, those that only batch t+2
-    asks for; the latter stay one batch longer. Every row one of the last
-    ``levels`` batches had is served. Rows the cache below serves on the
-    device for good (``resident``) are neither kept nor reused, as in
-    `BatchReuse`, but count as requested.
-
-    Parameters
-    ----------
-    trace : sequence of torch.Tensor
-        Sorted unique input ids per batch, in order.
-    levels : int
-        1 or 2.
-    resident : torch.Tensor, optional
-        Bool per row: rows the device tier holds for good.
-
-    Returns
-    -------
-    dict
-        ``rows_per_level`` (the most rows held at once, split evenly over
-        the levels, which share them), ``reuse_rate`` (share of requested
-        rows reused).
-    """
-    def kept(t, distance):
-        if t + distance >= len(trace):
-            return torch.zeros(len(trace[t]), dtype=torch.bool)
-        return member(trace[t], trace[t + distance])[0]
-
-    requested = sum(ids.numel() for ids in trace)
-    if resident is not None:
-        trace = [ids[~resident[ids]] for ids in trace]
-    most = reused = 0
-    later = 0  # rows the last batch kept for the batch after next only
-    for t, ids in enumerate(trace):
-        recent = trace[max(0, t - levels):t]
-        if recent:
-            reused += int(member(ids, torch.unique(torch.cat(
-                list(recent))))[0].sum())
-        upcoming = kept(t, 1)
-        held = int(upcoming.sum())
-        if levels == 2:
-            after = int((kept(t, 2) & ~upcoming).sum())
-            held, later = held + after + later, after
-        most = max(most, held)
-    return {"rows_per_level": [-(-most // levels)] * levels,
-            "reuse_rate": reused / requested if requested else 0.0}
-
-
-@dataclass
-class ReuseStats:
-    """Counters of batch reuse; 0 before the first batch.
-
-    Attributes
-    ----------
-    rows_requested : int
-        Input rows asked (DGL's input nodes are unique).
-    reused : dict of str to int
-        Rows copied on the device from each level (``level1``, ``level2``).
-    bytes_saved : int
-        Bytes that did not cross to the device (or come from storage).
-    seconds : float
-        Time batch reuse spent, all but the reads of the cache below:
-        looking ids up in the table, copying reused rows, keeping the
-        batch (a copy of its rows, its ids in the table) and moving the
-        ids of the rest to the host (a sync on CUDA).
-    copy_seconds : float
-        The part of ``seconds`` spent copying rows on the device: reused
-        rows into the batch, the batch's rows into the buffer.
-    peak_bytes : int
-        Most device bytes the buffers and the id table held after a read.
-    staging_bytes : int
-        Device bytes of the staging the rows asked of the cache below pass
-        through (as many as the most one batch asked, grown by a quarter
-        when short; without reuse the batch's own rows). The compiled
-        engine keeps no staging of its own: the rows pass through the
-        cache below's own tensor, at most this size.
-    """
-
-    rows_requested: int = 0
-    reused: dict = field(default_factory=lambda: {"level1": 0,
-                                                  "level2": 0})
-    bytes_saved: int = 0
-    seconds: float = 0.0
-    copy_seconds: float = 0.0
-    peak_bytes: int = 0
-    staging_bytes: int = 0
-
-    def reuse_rate(self) -> float:
-        """Share of requested rows reused (0.0 before any)."""
-        if self.rows_requested == 0:
-            return 0.0
-        return sum(self.reused.values()) / self.rows_requested
-
-    def reset(self) -> None:
-        """Zero every counter."""
-        self.__init__()
-
-    def as_dict(self) -> dict:
-        """Counters as a JSON-ready dict."""
-        return {"rows_requested": self.rows_requested,
-                "reused": dict(self.reused),
-                "reuse_rate": self.reuse_rate(),
-                "bytes_saved": self.bytes_saved,
-                "seconds": self.seconds,
-                "copy_seconds": self.copy_seconds,
-                "peak_bytes": self.peak_bytes,
-                "staging_bytes": self.staging_bytes}
 
 
 class BatchReuse(Feature):

@@ -472,7 +472,6 @@ MAX_MODULE_LINES = 500
 # Modules still over MAX_MODULE_LINES, each its owner's to split; the list
 # only shrinks: a module that has come under the limit leaves it.
 LONG_MODULES_LEFT: frozenset[str] = frozenset({
-    "cache/reuse.py",  # owner splitting it
     "cache/storage.py",  # owner splitting it
 })
 

@@ -11,7 +11,10 @@ handed out again only when no tensor but the pool's own refers to its
 memory any more (the storage's use count, which counts every view, every
 tensor made from it and every NumPy array over it): rows a caller keeps
 are never overwritten. When every buffer is still held, a fresh one is
-made, and kept only while the pool has room.
+made, and kept only while the pool has room. Buffers start on a page
+boundary (`aligned_empty`), so the storage tier can read whole rows of a
+block-multiple size straight into them (``O_DIRECT`` wants aligned
+memory).
 """
 
 from __future__ import annotations
@@ -21,13 +24,29 @@ import time
 
 import torch
 
-__all__ = ["BufferPool"]
+__all__ = ["ALIGNMENT", "BufferPool", "aligned_empty"]
+
+#: Bytes a buffer's start is aligned to: a page, a multiple of every
+#: logical block size ``O_DIRECT`` asks for.
+ALIGNMENT = 4096
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
 def _holders(tensor: torch.Tensor) -> int:
     return _use_count(tensor.untyped_storage()._cdata)
+
+
+def aligned_empty(shape, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised CPU tensor whose first byte is `ALIGNMENT`-aligned
+    (torch's allocator aligns to 64 bytes): a view into a slightly larger
+    byte buffer, which only the view keeps alive."""
+    shape = tuple(shape)
+    nbytes = torch.Size(shape).numel() * torch.empty(
+        (), dtype=dtype).element_size()
+    raw = torch.empty(nbytes + ALIGNMENT, dtype=torch.uint8)
+    skip = -raw.data_ptr() % ALIGNMENT
+    return raw[skip:skip + nbytes].view(dtype).view(shape)
 
 
 class BufferPool:
@@ -86,8 +105,8 @@ class BufferPool:
 
     def _fresh(self, rows: int) -> torch.Tensor:
         # A little room: the next batches' row counts differ by a few %.
-        fresh = torch.empty((rows + rows // 32, *self.row_shape),
-                            dtype=self.dtype)
+        fresh = aligned_empty((rows + rows // 32, *self.row_shape),
+                              self.dtype)
         if len(self._buffers) < self.size:
             self._buffers.append((fresh, _holders(fresh)))
         else:  # replace a smaller buffer nobody holds

@@ -26,13 +26,19 @@ from numba import njit, types
 
 from hmgraph.cache.engine import scatter_rows
 
-__all__ = ["address", "read_at", "read_pieces", "read_runs",
-           "reads_per_second"]
+__all__ = ["IOV_MAX", "address", "read_at", "read_direct", "read_pieces",
+           "read_runs", "reads_per_second"]
 
 # ssize_t pread(int fd, void *buf, size_t count, off_t offset), with the
 # buffer passed as an address (the same register as a pointer).
 _pread = types.ExternalFunction(
     "pread", types.intp(types.intc, types.intp, types.uintp, types.int64))
+# ssize_t preadv(int fd, const struct iovec *iov, int iovcnt, off_t
+# offset): iovecs as an (n, 2) int64 array of (address, length) pairs.
+_preadv = types.ExternalFunction(
+    "preadv", types.intp(types.intc, types.intp, types.intc, types.int64))
+#: iovecs per ``preadv`` call (Linux's ``IOV_MAX``).
+IOV_MAX = 1024
 
 
 def address(buffer: mmap.mmap) -> tuple[np.ndarray, int]:
@@ -104,6 +110,54 @@ def read_pieces(fd, buffer, base, file_offsets, lengths, buffer_offsets,
         w0 = piece_rows[p]
         scatter_rows(buffer, row_offsets[w0:piece_rows[p + 1]], row_bytes,
                      targets, which, where, w0)
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def read_direct(fd, file_offsets, lengths, first, stop, row_offsets,
+                row_first, row_stop, row_bytes, bases, which, where, sink,
+                sink_bytes, iov, counts):
+    """Runs ``first`` to ``stop - 1`` read straight into their rows' places,
+    one ``preadv`` per run (or per `IOV_MAX` pieces of one).
+
+    Row ``i`` (``row_first <= i < row_stop``, in file order) lies at byte
+    ``row_offsets[i]`` of the file and goes to address ``bases[which[i]] +
+    where[i] * row_bytes``; bytes of a run between rows (gaps read
+    through) go to ``sink`` (``sink_bytes`` long, reused). Every address
+    and length must be block-aligned (``O_DIRECT``): rows of a whole
+    number of blocks, page-aligned targets. ``iov`` is an ``(IOV_MAX, 2)``
+    int64 scratch array. Adds the bytes and calls to ``counts``. Returns
+    -1, or the first run that failed or came back short (the caller reads
+    the task again through a buffer).
+    """
+    k = row_first
+    for r in range(first, stop):
+        pos = file_offsets[r]
+        end = pos + lengths[r]
+        start = pos
+        n = 0
+        while pos < end:
+            while k < row_stop and row_offsets[k] + row_bytes <= pos:
+                k += 1
+            if k < row_stop and row_offsets[k] <= pos:
+                step = min(row_offsets[k] + row_bytes, end) - pos
+                iov[n, 0] = bases[which[k]] + where[k] * row_bytes \
+                    + pos - row_offsets[k]
+            else:
+                gap = end if k == row_stop else min(row_offsets[k], end)
+                step = min(gap - pos, sink_bytes)
+                iov[n, 0] = sink
+            iov[n, 1] = step
+            n += 1
+            pos += step
+            if n == iov.shape[0] or pos == end:
+                got = _preadv(fd, iov.ctypes.data, n, start)
+                counts[1] += 1
+                if got != pos - start:
+                    return r
+                counts[0] += got
+                start = pos
+                n = 0
     return -1
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from .buffers import aligned_empty
+
 __all__ = ["SLOT_BYTES", "SlotStore", "SlotTable"]
 
 #: Host bytes per slot of a store's tables besides the id -> slot table:
@@ -83,9 +85,12 @@ class SlotStore:
         self.name = name
         self.capacity = capacity
         self.device = torch.device(device)
-        self.buffer = torch.empty((capacity, *row_shape), dtype=dtype,
-                                  device=self.device,
-                                  pin_memory=pin and capacity > 0)
+        # Host rows page-aligned: the storage tier reads rows brought along
+        # straight into them where their size allows (`aligned_empty`).
+        self.buffer = aligned_empty((capacity, *row_shape), dtype) \
+            if self.device.type == "cpu" and not pin else torch.empty(
+                (capacity, *row_shape), dtype=dtype, device=self.device,
+                pin_memory=pin and capacity > 0)
         if table is None:
             table = SlotTable(num_rows, capacity)
         # This store's numbers in the table: offset .. offset + capacity - 1.

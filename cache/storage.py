@@ -63,7 +63,7 @@ import torch
 
 from .buffers import BufferPool
 from .disk import FALLBACK, DiskModel, disk_model, read_plan
-from .diskio import address, read_pieces, read_runs
+from .diskio import IOV_MAX, address, read_direct, read_pieces, read_runs
 from .engine import argsort, byte_rows, scatter_rows
 from .feature import Feature, check_ids, torch_dtype
 from .format import PAGE_BYTES, REBUILD, read_manifest
@@ -158,6 +158,7 @@ class _Reads:
     piece_runs: np.ndarray  # int64, pieces + 1: each piece's first run
     piece_rows: np.ndarray  # int64, pieces + 1: each piece's first row
     row_offsets: np.ndarray  # int64 per row: offset in its piece's buffer
+    row_file: np.ndarray  # int64 per row: offset in the file
 
 
 @dataclass(frozen=True)
@@ -534,6 +535,7 @@ class StorageFeature(Feature):
         if len(unique) and self._row_numel:
             began = time.perf_counter()
             tasks = self._plan(unique.numpy())
+            into = (*into, self._direct_bases(into[0]))
             planning = time.perf_counter() - began
             try:
                 futures = [self._pool.submit(self._run_task, task, into)
@@ -635,7 +637,7 @@ class StorageFeature(Feature):
             piece_runs=np.append(np.searchsorted(run_seg, piece_segs),
                                  len(run_seg)),
             piece_rows=np.append(seg_rows[piece_segs], count),
-            row_offsets=row_offsets)
+            row_offsets=row_offsets, row_file=start)
         # (5) Tasks: consecutive pieces, each one call of the compiled
         # loop (not one call per piece), one per thread at the depth the
         # model prices this request's reads and bytes soonest at: every
@@ -653,10 +655,24 @@ class StorageFeature(Feature):
                       int(piece_blocks[a:b].sum()))
                 for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
+    def _direct_bases(self, targets: tuple) -> np.ndarray | None:
+        """The targets' addresses where rows can be read straight into
+        them: ``O_DIRECT``, rows of whole blocks, every target's start on
+        a block (`hmgraph.cache.buffers.aligned_empty`); else None, read
+        through a buffer and copied."""
+        bases = np.array([t.ctypes.data for t in targets], dtype=np.int64)
+        if not self.direct or self._row_nbytes % self.block_bytes \
+                or (bases % self.block_bytes).any() \
+                or any(t.strides[0] != self._row_nbytes for t in targets):
+            return None
+        return bases
+
     def _run_task(self, task: _Task, into: tuple
                   ) -> tuple[int, int, int, float, float, float]:
-        """Read a task's pieces and copy their rows into their places
-        (``into``: ``(targets, which, where)`` of `read_into`).
+        """Read a task's runs into their rows' places: straight (rows of
+        whole blocks into aligned targets: ``preadv``, no copy), else
+        piece by piece through a buffer (``into``: ``(targets, which,
+        where, bases)``, `read_into`'s and `_direct_bases`').
 
         Returns
         -------
@@ -666,10 +682,37 @@ class StorageFeature(Feature):
             seconds.
         """
         began, cpu = time.perf_counter(), time.thread_time()
+        counts = np.zeros(2, dtype=np.int64)
+        if into[3] is None or not self._read_direct(task, into, counts):
+            counts[:] = 0  # a direct read that failed: read it again
+            self._read_pieces(task, into[:3], counts)
+        return (task.blocks, int(counts[0]), int(counts[1]), began,
+                time.perf_counter(), time.thread_time() - cpu)
+
+    def _read_direct(self, task: _Task, into: tuple,
+                     counts: np.ndarray) -> bool:
+        """The task's runs by `read_direct`; False where one failed."""
+        reads = task.reads
+        _, which, where, bases = into
+        sink, sink_address = self._buffer(max(self._max_gap_blocks, 1)
+                                          * self.block_bytes)
+        iov = getattr(self._buffers, "iov", None)
+        if iov is None:
+            iov = self._buffers.iov = np.empty((IOV_MAX, 2), np.int64)
+        return read_direct(
+            self._fd, reads.run_file, reads.run_bytes,
+            reads.piece_runs[task.first], reads.piece_runs[task.stop],
+            reads.row_file, reads.piece_rows[task.first],
+            reads.piece_rows[task.stop], self._row_nbytes, bases, which,
+            where, sink_address, len(sink), iov, counts) < 0
+
+    def _read_pieces(self, task: _Task, into: tuple,
+                     counts: np.ndarray) -> None:
+        """The task's pieces through this thread's buffer, each piece's
+        rows copied out before the next (`read_pieces`)."""
         reads = task.reads
         view, base = self._buffer(task.buffer_bytes)
         targets, which, where = into
-        counts = np.zeros(2, dtype=np.int64)
         first = task.first
         while first < task.stop:
             # The compiled loop reads and copies piece after piece, GIL
@@ -689,8 +732,6 @@ class StorageFeature(Feature):
             self._finish_piece(view, base, reads, first, failed, into,
                                counts)
             first += 1
-        return (task.blocks, int(counts[0]), int(counts[1]), began,
-                time.perf_counter(), time.thread_time() - cpu)
 
     def _finish_piece(self, view, base, reads: _Reads, piece: int,
                       failed: int, into: tuple, counts: np.ndarray) -> None:

@@ -121,9 +121,8 @@ def hmgraph_pass(data, seeds, args, features, cache, device, host,
         # CPU seconds per batch of each stage's thread, and of the storage
         # tier's threads (system calls and copies out of read buffers).
         stage_cpu_seconds={k: v / max(record["batches"], 1) for k, v in
-                           dict(stats["cpu_seconds"], storage=(stats.get(
-                               "storage") or {}).get("cpu_seconds", 0.0))
-                           .items()},
+                           dict(stats["cpu_seconds"], storage=storage.get(
+                               "cpu_seconds", 0.0)).items()},
         storage_bytes=storage.get("bytes_read", 0),
         # The disk's floor: what its measured model prices the requests
         # and bytes of a batch at (io_requests / iops + bytes / bandwidth).

@@ -42,8 +42,7 @@ def aligned_empty(shape, dtype: torch.dtype) -> torch.Tensor:
     (torch's allocator aligns to 64 bytes): a view into a slightly larger
     byte buffer, which only the view keeps alive."""
     shape = tuple(shape)
-    nbytes = torch.Size(shape).numel() * torch.empty(
-        (), dtype=dtype).element_size()
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
     raw = torch.empty(nbytes + ALIGNMENT, dtype=torch.uint8)
     skip = -raw.data_ptr() % ALIGNMENT
     return raw[skip:skip + nbytes].view(dtype).view(shape)

@@ -178,7 +178,7 @@ def storage_epoch(path, trace, mapping, max_batches, desc) -> dict:
         for index, ids in enumerate(trace):
             if mapping is not None:
                 ids = mapping[ids].sort().values
-            pages = sum(t.buffer_blocks for t in feature._plan(ids.numpy()))
+            pages = sum(t.blocks for t in feature._plan(ids.numpy()))
             if index < read:
                 feature.read(ids)
                 planned_read += pages

@@ -2,15 +2,18 @@
 
 `CacheStats` is what every `hmgraph.cache.coordinated.FeatureCache` (and
 each `hmgraph.cache.frozen.FrozenView` over one) counts its reads in;
-`ReuseStats` what `hmgraph.cache.reuse.BatchReuse` counts its batches in.
-Rates are 0.0 before the first request.
+`ReuseStats` what `hmgraph.cache.reuse.BatchReuse` counts its batches in;
+`StorageStats` what `hmgraph.cache.storage.StorageFeature` counts its reads
+in, in the disk's units. Rates are 0.0 before the first request.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
-__all__ = ["CacheStats", "ReuseStats", "add_count"]
+from hmgraph.cache.format import PAGE_BYTES
+
+__all__ = ["CacheStats", "ReuseStats", "StorageStats", "add_count"]
 
 
 @dataclass
@@ -156,3 +159,70 @@ class ReuseStats:
                 "copy_seconds": self.copy_seconds,
                 "peak_bytes": self.peak_bytes,
                 "staging_bytes": self.staging_bytes}
+
+
+@dataclass
+class StorageStats:
+    """Counters of a `StorageFeature`, in the disk's units; exact sums.
+
+    Attributes
+    ----------
+    calls : int
+        Calls of ``read``.
+    rows_requested : int
+        Ids asked for, duplicates included.
+    rows_read : int
+        Unique rows read from the file.
+    blocks_read : int
+        Blocks of ``block_bytes`` read (gaps read through included).
+    block_bytes : int
+        The read unit: the disk's logical block size, or the page size.
+    bytes_read : int
+        Bytes transferred from the file (``blocks_read * block_bytes``
+        unless a read stopped short).
+    useful_bytes : int
+        Bytes of the rows read (``rows_read * row_bytes``).
+    io_requests : int
+        ``pread`` calls: the requests the disk served.
+    seconds : float
+        Seconds the reads took: planning, then from the first task's
+        start to the last one's end (not the caller's work beside them).
+    model_seconds : float
+        What the disk model prices the same requests and bytes at
+        (``io_requests / iops + bytes_read / bandwidth``).
+    cpu_seconds : float
+        CPU time of the tier's threads (the reads' system calls and the
+        copies of rows out of the read buffers), summed over threads.
+    """
+
+    calls: int = 0
+    rows_requested: int = 0
+    rows_read: int = 0
+    blocks_read: int = 0
+    block_bytes: int = PAGE_BYTES
+    bytes_read: int = 0
+    useful_bytes: int = 0
+    io_requests: int = 0
+    seconds: float = 0.0
+    model_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+
+    @property
+    def amplification(self) -> float:
+        """Bytes read per byte of row served (0.0 before any read)."""
+        return self.bytes_read / self.useful_bytes if self.useful_bytes \
+            else 0.0
+
+    def reset(self) -> None:
+        """Set every counter back to zero (the block size stays)."""
+        for counter in fields(self):
+            if counter.name != "block_bytes":
+                setattr(self, counter.name, counter.default)
+
+    def as_dict(self) -> dict:
+        """The counters as a plain dict, amplification included."""
+        record = asdict(self)
+        record["amplification"] = self.amplification
+        record["seconds_vs_model"] = (self.seconds / self.model_seconds
+                                      if self.model_seconds else None)
+        return record

@@ -469,12 +469,6 @@ def test_long_functions_are_named_through_their_scopes(tmp_path):
 #: The most lines a module of the package may have (issue 35, target 1).
 MAX_MODULE_LINES = 500
 
-# Modules still over MAX_MODULE_LINES, each its owner's to split; the list
-# only shrinks: a module that has come under the limit leaves it.
-LONG_MODULES_LEFT: frozenset[str] = frozenset({
-    "cache/storage.py",  # owner splitting it
-})
-
 
 def module_lines(path: Path) -> int:
     """Lines of the file at ``path`` (as ``wc -l`` counts them)."""
@@ -483,23 +477,16 @@ def module_lines(path: Path) -> int:
 
 def test_no_module_is_over_500_lines():
     """A module over 500 lines is split into sibling modules where a name
-    explains the part; the few left are their owners' to split."""
-    found, left = [], set()
+    explains the part."""
+    found = []
     for path in module_files(package_roots()).values():
         relative = path.relative_to(REPO).as_posix()
         lines = module_lines(path)
-        if lines <= MAX_MODULE_LINES:
-            continue
-        if relative in LONG_MODULES_LEFT:
-            left.add(relative)
-        else:
+        if lines > MAX_MODULE_LINES:
             found.append(f"  {relative}: {lines} lines")
     assert not found, (f"modules over {MAX_MODULE_LINES} lines; split them "
                        "where a name explains the part:\n"
                        + "\n".join(sorted(found)))
-    assert left == LONG_MODULES_LEFT, (
-        "no longer over the limit: take them off LONG_MODULES_LEFT: "
-        f"{sorted(LONG_MODULES_LEFT - left)}")
 
 
 def _fresh_python(code: str) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ from contract import check_feature_contract
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hmgraph.cache import disk, storage
+from hmgraph.cache import disk, storage, storage_reads
 from hmgraph.cache.disk import (
     DEPTHS,
     RUN_SIZES,
@@ -387,13 +387,13 @@ def test_rows_of_whole_blocks_are_read_straight_into_place(
     path = disk_dir / "feat.bin"
     rows = make_rows((3000, 384), np.float32)  # 1536 B: three blocks
     write_feature_file(path, rows)
-    real, calls = storage.read_direct, []
+    real, calls = storage_reads.read_direct, []
 
     def spy(*args):
         calls.append(args[4] - args[3])  # runs in the task
         return 0 if fail else real(*args)
 
-    monkeypatch.setattr(storage, "read_direct", spy)
+    monkeypatch.setattr(storage_reads, "read_direct", spy)
     ids = torch.from_numpy(np.random.default_rng(0).permutation(3000)[:900])
     with StorageFeature(path, disk=MODEL, max_gap_bytes=4096,
                         max_run_bytes=PAGE_BYTES, chunk_bytes=2 * PAGE_BYTES,
@@ -424,7 +424,7 @@ def test_a_run_failing_once_is_read_again(disk_dir, monkeypatch):
     path = disk_dir / "feat.bin"
     rows = make_rows((5000, 10), np.float32)  # 200,000 bytes, 49 pages
     write_feature_file(path, rows)
-    real, failures = storage.read_pieces, []
+    real, failures = storage_reads.read_pieces, []
 
     def fail_each_piece_once(*args):
         piece_runs, first = args[7], args[14]
@@ -433,14 +433,14 @@ def test_a_run_failing_once_is_read_again(disk_dir, monkeypatch):
             if piece_runs[first + 1] - piece_runs[first] > 1:
                 counts = args[16]
                 runs = slice(piece_runs[first], piece_runs[first] + 1)
-                real_read = storage.read_runs(
+                real_read = storage_reads.read_runs(
                     args[0], args[2], args[3][runs], args[4][runs],
                     args[5][runs], args[6], counts)
                 assert real_read == -1
                 return piece_runs[first] + 1
         return real(*args)
 
-    monkeypatch.setattr(storage, "read_pieces", fail_each_piece_once)
+    monkeypatch.setattr(storage_reads, "read_pieces", fail_each_piece_once)
     with StorageFeature(path, num_threads=1, disk=MODEL,
                         block_bytes=PAGE_BYTES, max_gap_bytes=0,
                         max_run_bytes=PAGE_BYTES,

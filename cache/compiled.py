@@ -2,20 +2,27 @@
 
 `CompiledRead` takes the same decisions as `FeatureCache`'s reference read
 (``engine="torch"``) and returns the same rows and counters, with each
-pass one compiled loop over the batch in request order:
+pass one compiled loop over the batch in request order. A batch is read
+in five phases (the state between them: `hmgraph.cache.inflight.InFlight`):
 
-1. find every id's store and slot (the layer's table, then staging's) and
-   copy the rows held straight into the output;
-2. sort the misses (file order), mark the window, drop staged rows no
-   longer needed, choose the window's rows that lie on the blocks read
-   anyway;
-3. read misses into their places in the output (`CompiledRead.read_into`:
-   rows of the caller's tensor, batch reuse's batch), and rows brought along
-   into their staging slots, in one plan of the storage tier, on its
-   threads; meanwhile copy the hits into the output and let the policy
-   decide (the hmgraph policy's dynamic region; static policies hold
-   still);
-4. once the reads succeeded, apply evictions then admissions.
+1. look up: every id's store and slot (the layer's table, then
+   staging's), the misses sorted into file order, the window marked;
+2. start: the staged hits copied into the output, staged rows no longer
+   needed let go, the window's rows that lie on the blocks read anyway
+   chosen; the misses' reads (into their places in the output:
+   `CompiledRead.read_into` writes rows of the caller's tensor, batch
+   reuse's batch) and those rows' (into staging) started in one plan of
+   the storage tier, on its threads;
+3. apply, beside the reads: the hits copied into the output, the policy's
+   choice (the hmgraph policy's dynamic region; static policies hold
+   still) applied to the tables;
+4. wait for the reads; a failed read puts the tables back and raises;
+5. finish: the admitted rows copied into their slots, counters.
+
+`read` runs them one after the other. `submit` interleaves two batches
+(see there): the disk reads one batch while the CPU looks up the next and
+copies the last one's admitted rows, with the same rows, decisions and
+counters.
 
 It serves caches on the CPU with at most one layer whose stores share one
 id -> slot table (``hmgraph`` and the static policies, or no layer); the
@@ -32,6 +39,7 @@ import torch
 from hmgraph.cache import engine, reuse_engine
 from hmgraph.cache.buffers import BufferPool
 from hmgraph.cache.disk import read_plan
+from hmgraph.cache.inflight import InFlight, apply_tables, undo
 from hmgraph.cache.policies import HMGraphPolicy, StaticPolicy
 
 __all__ = ["CompiledRead", "each_once", "supports"]
@@ -113,6 +121,8 @@ class CompiledRead:
             self.policy.resident.numel() > 0
         self.marked = _EMPTY
         self.tick = 0
+        #: The batch `submit` started and no later call finished.
+        self.inflight: InFlight | None = None
         self.pool = BufferPool(cache.row_shape, cache.dtype)
         self._warm()
 
@@ -145,9 +155,10 @@ class CompiledRead:
             counts = np.array([s.num_free for s in self.stores], np.int64)
             engine.evict_ids(none, self.table, self.low, self.high,
                              self.id_of, self.free, counts, self.resident)
-            engine.insert_rows(none, none, nothing, self.table, self.low,
-                               self.id_of, self.free, counts, self.buffers,
-                               self.resident)
+            engine.insert_slots(none, none, self.table, self.low,
+                                self.id_of, self.free, counts, self.resident,
+                                none, none)
+            engine.copy_admitted(nothing, none, self.buffers, none, none)
 
     def _stamp(self) -> int:
         self.tick += 1
@@ -190,6 +201,7 @@ class CompiledRead:
         """`FeatureCache._gather_held`: a complete cache's rows, in request
         order, repeats gathered twice but counted once."""
         cache = self.cache
+        self.drain()
         start = time.perf_counter()
         ids_np = ids.numpy()
         store, slot, repeats = self._find(ids_np)
@@ -211,6 +223,7 @@ class CompiledRead:
         stores (not staging) and the source, nothing decided or moved,
         counted in ``stats``; None when an id repeats."""
         cache = self.cache
+        self.drain()
         start = time.perf_counter()
         ids_np = ids.numpy()
         store, slot, repeats = self._find(ids_np, staged=False)
@@ -247,84 +260,185 @@ class CompiledRead:
         repeats (nothing read, moved or counted)."""
         return self._read_to(ids, future, out, at) is not None
 
-    def _gather(self, store, slot, out_rows, at, first, stop):
-        """`engine.gather` of the stores ``first`` to ``stop``, into rows
-        ``at`` of ``out_rows`` where ``at`` is given."""
-        if at is None:
-            return engine.gather(store, slot, self.all_buffers, out_rows,
-                                 first, stop)
-        return reuse_engine.gather_at(store, slot, self.all_buffers,
-                                      out_rows, at, first, stop)
-
     def _read_to(self, ids, future, out, at):
         """`read` (``out`` None: into a buffer of the pool) or `read_into`
         (row ``i`` into ``out[at[i]]``); the rows' tensor, or None when an
-        id repeats."""
-        cache = self.cache
+        id repeats. Every phase of one batch, one after the other."""
+        self.drain()
+        batch = self._look_up(ids.numpy(), future, out, at)
+        if batch is None:
+            return None
+        self._start(batch)
+        self._apply(batch)
+        self._wait(batch)
+        self._finish(batch)
+        return batch.out
+
+    def submit(self, ids: torch.Tensor, future) -> InFlight | None:
+        """Start reading the rows of unique ``ids`` and finish the batch
+        submitted before (see `result`); None when an id repeats (the
+        batch before is finished, nothing of this one is read).
+
+        The phases interleave so that the disk works while the CPU does:
+        this batch is looked up while the previous batch's reads run
+        (the previous one's choice is already in the tables); once those
+        reads end, this batch's reads start, and the previous batch's
+        admitted rows are copied into the stores beside them. Every
+        phase sees the state it would see if the batches were read one
+        after the other: the same rows, decisions and counters.
+        """
+        previous = self.inflight
+        if previous is not None and not previous.decided:
+            self._apply(previous)
+        batch = self._look_up(ids.numpy(), future, None, None)
+        if batch is None:
+            self.drain()
+            return None
+        if previous is not None:
+            self.inflight = None
+            self._wait(previous)
+        try:
+            self._start(batch)
+        finally:
+            if previous is not None:
+                self._finish(previous)
+        self.inflight = batch
+        return batch
+
+    def result(self, batch: InFlight) -> torch.Tensor:
+        """The rows of a batch `submit` started (finishing it now if no
+        later batch did)."""
+        if batch is self.inflight:
+            self.drain()
+        return batch.out
+
+    def drain(self) -> None:
+        """Finish the batch in flight, if any."""
+        batch, self.inflight = self.inflight, None
+        if batch is None:
+            return
+        if not batch.decided:
+            self._apply(batch)
+        self._wait(batch)
+        self._finish(batch)
+
+    def _look_up(self, ids, future, out, at) -> InFlight | None:
+        """Phase 1: every id's store and slot, the misses in file order,
+        the window's marks; None when an id repeats."""
         start = time.perf_counter()
-        ids_np = ids.numpy()
-        count = len(ids_np)
-        # (1) Where each id is held; the misses in file order.
-        store, slot, repeats = self._find(ids_np)
-        misses = None if repeats.any() else self._misses(ids_np, store)
+        store, slot, repeats = self._find(ids)
+        misses = None if repeats.any() else self._misses(ids, store)
         if misses is None:
             return None
-        missing, missed = misses
         if out is None:
-            out = self.pool.empty(count)
-        out_rows = engine.byte_rows(out)
-        layered = len(self.stores)
-        found = np.zeros(len(self.all_buffers), dtype=np.int64)
-        # (2) The window: the staged hits copied (their slots may be let
-        # go and refilled now), marks, staged rows let go, rows brought
-        # along.
+            out = self.pool.empty(len(ids))
         ahead, bounds = _future(future)
-        taken = _EMPTY
+        staging = self.cache.staging
+        if staging is not None:
+            engine.mark_window(self.cache._marks.numpy(), self.marked,
+                               ahead, bounds)
+            self.marked = ahead
+        return InFlight(ids, store, slot, *misses, out,
+                        engine.byte_rows(out), at, ahead, bounds,
+                        np.zeros(len(self.all_buffers), dtype=np.int64),
+                        seconds=time.perf_counter() - start)
+
+    def _start(self, batch: InFlight) -> None:
+        """Phase 2: the staged hits copied (their slots may be let go and
+        refilled now), staged rows no longer needed let go, rows brought
+        along chosen; the misses' reads started (into the output) with
+        those rows' (into staging slots, which are taken now)."""
+        begin = time.perf_counter()
+        cache, layered = self.cache, len(self.stores)
         staging = cache.staging
         if staging is not None:
-            found += self._gather(store, slot, out_rows, at, layered,
-                                  layered + 1)
-            engine.mark_window(cache._marks.numpy(), self.marked, ahead,
-                               bounds)
-            self.marked = ahead
+            batch.found += self._gather(batch, layered, layered + 1)
             if staging.size:
                 freed, staging.num_free = engine.unstage(
                     staging.id_of.numpy(), staging.slot_of.numpy(),
                     staging.free.numpy(), staging.num_free,
                     cache._marks.numpy(), self.resident, self.layered)
                 _add(cache.stats.evicted, "staged", freed)
-            if len(missed) and len(future) and staging.num_free:
-                taken = self._along(missed, ahead, bounds, staging.num_free)
-        # (3) Misses into the output and rows brought along into staging,
-        # on the storage tier's threads; meanwhile the hits are copied
-        # (other rows of the output) and the policy decides. Nothing is
-        # applied before the reads succeed: a failed read leaves no trace.
-        wait, slots = self._start_source(
-            missed, missing if at is None else at[missing], out, out_rows,
-            taken)
+            if len(batch.missed) and len(batch.bounds) > 1 and \
+                    staging.num_free:
+                batch.taken = self._along(batch.missed, batch.ahead,
+                                          batch.bounds, staging.num_free)
+        missing = batch.missing if batch.at is None else \
+            batch.at[batch.missing]
+        batch.wait, batch.slots = self._start_source(
+            batch.missed, missing, batch.out, batch.out_rows, batch.taken)
+        if len(batch.taken):
+            staging.num_free -= len(batch.taken)
+            staging.slot_of[torch.from_numpy(batch.taken)] = \
+                torch.from_numpy(batch.slots + staging.offset).to(
+                    staging.slot_of.dtype)
+            staging.id_of[torch.from_numpy(batch.slots)] = \
+                torch.from_numpy(batch.taken)
+        batch.seconds += time.perf_counter() - begin
+
+    def _apply(self, batch: InFlight) -> None:
+        """Phase 3, beside the reads: the hits copied into the output, the
+        policy's choice taken and applied to the tables (the admitted
+        rows follow in `_finish`, once read)."""
+        begin = time.perf_counter()
+        if self.stores:
+            batch.found += self._gather(batch, 0, len(self.stores))
+        if type(self.policy) is HMGraphPolicy:
+            apply_tables(self, batch, self._decide(batch))
+        batch.decided = True
+        batch.seconds += time.perf_counter() - begin
+
+    def _wait(self, batch: InFlight) -> None:
+        """Phase 4: wait for the reads; if they failed, put the tables
+        back (`inflight.undo`) and raise."""
+        begin = time.perf_counter()
         try:
-            if layered:
-                found += self._gather(store, slot, out_rows, at, 0, layered)
-            decided = self._decide(ids_np, store, ahead, bounds)
-        finally:
-            wait()
-        if len(taken):
-            self._stage(taken, slots)
-        # (4) Evictions, then admissions; counters.
-        if self.policy is not None:
-            self._apply(ids_np, decided, out_rows, at)
+            batch.wait()
+        except BaseException:
+            undo(self, batch)
+            raise
+        batch.seconds += time.perf_counter() - begin
+
+    def _finish(self, batch: InFlight) -> None:
+        """Phase 5: the admitted rows into their slots; counters."""
+        begin = time.perf_counter()
+        cache = self.cache
+        if len(batch.admit_rows):
+            engine.copy_admitted(batch.out_rows, batch.admit_rows,
+                                 self.buffers, batch.admit_store,
+                                 batch.admit_slot)
+        for number, store_ in enumerate(self.stores):
+            freed = 0 if batch.freed is None else int(batch.freed[number])
+            _add(cache.stats.evicted, store_.name, freed)
+            if batch.inserted is not None and batch.inserted[number]:
+                _add(cache.stats.admitted, store_.name,
+                     int(batch.inserted[number]))
+        if len(batch.taken):
+            _add(cache.stats.admitted, "staged", len(batch.taken))
+            _add(cache.stats.bytes, "storage->host",
+                 cache.row_bytes * len(batch.taken))
+        found = batch.found
         for number, store_ in enumerate(self.stores):
             if found[number]:
                 cache._count_hits(store_.name, int(found[number]))
-        if staging is not None and found[-1]:
+        if cache.staging is not None and found[-1]:
             cache._count_hits("staged", int(found[-1]))
-        cache._count_hits("source", len(missed))
+        cache._count_hits("source", len(batch.missed))
         _add(cache.stats.bytes, "storage->host",
-             cache.row_bytes * len(missed))
+             cache.row_bytes * len(batch.missed))
         cache.stats.requests += 1
-        cache.stats.rows_requested += count
-        cache.stats.seconds += time.perf_counter() - start
-        return out
+        cache.stats.rows_requested += len(batch.ids)
+        cache.stats.seconds += batch.seconds + time.perf_counter() - begin
+
+    def _gather(self, batch: InFlight, first: int, stop: int):
+        """`engine.gather` of the stores ``first`` to ``stop`` into the
+        batch's output (into its rows ``at`` where given)."""
+        if batch.at is None:
+            return engine.gather(batch.store, batch.slot, self.all_buffers,
+                                 batch.out_rows, first, stop)
+        return reuse_engine.gather_at(batch.store, batch.slot,
+                                      self.all_buffers, batch.out_rows,
+                                      batch.at, first, stop)
 
     def _along(self, missed, ahead, bounds, limit) -> np.ndarray:
         """Window rows on the blocks the misses' reads cover."""
@@ -367,58 +481,15 @@ class CompiledRead:
             union[order], (out_rows, engine.byte_rows(staging.buffer)),
             which, where), slots
 
-    def _stage(self, taken, slots) -> None:
-        """The rows brought along now sit in their staging slots."""
-        cache = self.cache
-        staging = cache.staging
-        staging.num_free -= len(taken)
-        staging.slot_of[torch.from_numpy(taken)] = torch.from_numpy(
-            slots + staging.offset).to(staging.slot_of.dtype)
-        staging.id_of[torch.from_numpy(slots)] = torch.from_numpy(taken)
-        _add(cache.stats.admitted, "staged", len(taken))
-        _add(cache.stats.bytes, "storage->host", cache.row_bytes * len(taken))
-
-    def _decide(self, ids, store, ahead, bounds):
-        """The hmgraph policy's choice for this batch (nothing applied);
-        None for static policies, which hold still."""
+    def _decide(self, batch: InFlight):
+        """The hmgraph policy's choice for this batch (nothing applied)."""
         policy = self.policy
-        if type(policy) is not HMGraphPolicy:
-            return None
-        hit = (store >= 0) & (store < len(self.stores))
+        hit = (batch.store >= 0) & (batch.store < len(self.stores))
         return engine.choose_dynamic(
-            ids, hit, policy._held.numpy(), ahead, bounds, policy.window,
-            policy.next_use.numpy(), policy.cold_rank.numpy(),
+            batch.ids, hit, policy._held.numpy(), batch.ahead, batch.bounds,
+            policy.window, policy.next_use.numpy(), policy.cold_rank.numpy(),
             np.iinfo(np.int32).max, policy.capacity - policy.static_rows,
             policy.num_rows)
-
-    def _apply(self, ids, decided, out_rows, at=None) -> None:
-        """Apply the policy's choice to the stores: evictions, then
-        admissions (rows from the output, id ``i``'s at row ``at[i]``
-        where ``at`` is given); counters."""
-        cache, policy = self.cache, self.policy
-        if decided is None:  # static: nothing moves
-            for store_ in self.stores:
-                _add(cache.stats.evicted, store_.name, 0)
-            return
-        evict, admit, held = decided
-        if at is not None:  # ids and positions of the output's rows
-            by_row = np.zeros(len(out_rows), dtype=np.int64)
-            by_row[at] = ids
-            ids, admit = by_row, at[admit]
-        num_free = np.array([s.num_free for s in self.stores], np.int64)
-        freed = engine.evict_ids(evict, self.table, self.low, self.high,
-                                 self.id_of, self.free, num_free,
-                                 self.resident)
-        inserted = engine.insert_rows(
-            ids, admit, out_rows, self.table, self.low, self.id_of,
-            self.free, num_free, self.buffers, self.resident)
-        for number, store_ in enumerate(self.stores):
-            store_.num_free = int(num_free[number])
-            _add(cache.stats.evicted, store_.name, int(freed[number]))
-            if inserted[number]:
-                _add(cache.stats.admitted, store_.name, int(inserted[number]))
-        policy._held = torch.from_numpy(held)
-        policy._size += len(admit) - len(evict)
 
 
 def _nothing() -> None:

@@ -48,17 +48,17 @@ from hmgraph.cache.feature import (
     unique_sorted,
 )
 from hmgraph.cache.frozen import FrozenView
+from hmgraph.cache.inflight import PendingRead
 from hmgraph.cache.layer import Layer
 from hmgraph.cache.slots import SlotStore
 
 __all__ = ["ENGINES", "MARK_BYTES", "CacheStats", "FeatureCache",
-           "FrozenView", "Layer"]
+           "FrozenView", "Layer", "PendingRead"]
 
 #: How a cache reads a batch: the compiled engine, or the tensor code it
 #: is tested against (the reference).
 ENGINES = ("compiled", "torch")
 
-_WARM_CHUNK_ROWS = 1 << 16
 #: Host bytes per node of window read planning's marks (int8).
 MARK_BYTES = 1
 
@@ -120,7 +120,7 @@ class FeatureCache(Feature):
             self._marks = torch.zeros(self.num_rows, dtype=torch.int8)
             self._marked = None  # ids marked by the last window
         for layer in self.layers:
-            self._warm(layer)
+            layer.warm(source)
         self._complete = self._pinning_stores()
         self.stats.metadata_bytes = self.metadata_nbytes()
         #: ``"compiled"`` where the compiled engine serves this layout
@@ -249,6 +249,37 @@ class FeatureCache(Feature):
             lookahead policies and ignored by the others.
         """
         return self._read(check_ids(ids, self.num_rows), future)
+
+    def submit(self, ids, future: Sequence[torch.Tensor] = ()
+               ) -> PendingRead:
+        """Start reading the rows of ``ids``; `PendingRead.result` gives
+        them: the same rows, decisions and counters as `read`.
+
+        Through the compiled engine the read finishes when its result is
+        asked or at the next `submit`, whichever comes first, so one
+        batch's reads run while the next batch is looked up (see
+        `hmgraph.cache.compiled.CompiledRead.submit`); elsewhere the rows
+        are read now. Any other read finishes the batch in flight first.
+        """
+        ids = check_ids(ids, self.num_rows)
+        if self.interleaves:
+            with self._lock:
+                batch = self._compiled.submit(ids, future)
+            if batch is not None:
+                return PendingRead(self, batch)
+        return PendingRead(self, None, self._read(ids, future))
+
+    @property
+    def interleaves(self) -> bool:
+        """Whether `submit` leaves a batch's read in flight (the compiled
+        engine, unless the cache is `complete`)."""
+        return self._compiled is not None and self._complete is None
+
+    def _drain(self) -> None:
+        """Finish the batch `submit` left in flight, if any."""
+        if self._compiled is not None:
+            with self._lock:
+                self._compiled.drain()
 
     @property
     def reads_in_place(self) -> bool:
@@ -438,46 +469,16 @@ class FeatureCache(Feature):
                 admit, positions = admit[take:], positions[take:]
         assert admit.numel() == 0, "policy admitted more than it can hold"
 
-    def _warm(self, layer: Layer) -> None:
-        """Fill ``layer``'s stores with its policy's warm set.
-
-        The ranking decides the store (the first, the device's, takes the
-        most valuable rows); the rows are read in file order, chunk by
-        chunk, so the fill reads each part of the file once. Chunks taken
-        in rank order would each span the whole file: a 60 % static tier
-        of synth-products read 15.5 GB to fill 576 MB.
-        """
-        ids = layer.policy.warm()
-        if ids.numel() == 0:
-            return
-        bounds = torch.tensor([s.num_free for s in layer.stores]).cumsum(0)
-        assert ids.numel() <= int(bounds[-1]), "warm set larger than the layer"
-        store_of = torch.searchsorted(bounds, torch.arange(ids.numel()),
-                                      right=True)
-        order = ids.argsort()
-        ids, store_of = ids[order], store_of[order]
-        for start in range(0, ids.numel(), _WARM_CHUNK_ROWS):
-            chunk = ids[start:start + _WARM_CHUNK_ROWS]
-            where = store_of[start:start + _WARM_CHUNK_ROWS]
-            rows = self.source.read(chunk)
-            for index, store in enumerate(layer.stores):
-                take = where == index
-                if take.any():
-                    store.insert(chunk[take], rows[take])
-        # The chunks' buffers are not batches: the loader sizes the
-        # source's pool (`Feature.keep_buffers`) when it iterates.
-        keep = getattr(self.source, "keep_buffers", None)
-        if keep is not None:
-            keep(0)
-
     def release_buffers(self) -> None:
         """See `Feature.release_buffers` (the source's are its own)."""
         if self._compiled is not None:
+            self._drain()
             self._compiled.pool.clear()
 
     def keep_buffers(self, batches: int) -> None:
         """See `Feature.keep_buffers` (the source's are its own)."""
         if self._compiled is not None:
+            self._drain()
             self._compiled.pool.resize(batches)
 
     def close(self) -> None:

@@ -31,9 +31,9 @@ import torch
 from numba import njit
 
 __all__ = ["argsort", "argsort_ids", "byte_rows", "choose_dynamic",
-           "copy_row", "count_repeats", "evict_ids", "gather", "insert_rows",
-           "lookup", "mark_window", "scatter_rows", "select_along",
-           "unstage"]
+           "copy_admitted", "copy_row", "count_repeats", "evict_ids",
+           "gather", "insert_slots", "lookup", "mark_window", "scatter_rows",
+           "select_along", "unstage"]
 
 _NOGIL = {"nogil": True, "cache": True}
 
@@ -385,12 +385,14 @@ def evict_ids(ids, slot_of, low, high, id_of, free, num_free, resident):
 
 
 @njit(**_NOGIL)
-def insert_rows(ids, positions, source, slot_of, low, id_of, free, num_free,
-                buffers, resident):
-    """Put rows ``source[positions[k]]`` of ``ids[positions[k]]`` into the
-    stores, filling each store's free slots in order (the first store
-    first), as `SlotStore.insert` takes the top of the free stack.
-    Returns the rows inserted per store."""
+def insert_slots(ids, positions, slot_of, low, id_of, free, num_free,
+                 resident, dest_store, dest_slot):
+    """Give ``ids[positions[k]]`` slots in the stores, filling each
+    store's free slots in order (the first store first), as
+    `SlotStore.insert` takes the top of the free stack; row ``k``'s store
+    and slot go to ``dest_store[k]``, ``dest_slot[k]``, for
+    `copy_admitted` once the row is there. Returns the rows given a slot
+    per store."""
     inserted = np.zeros(low.shape[0], dtype=np.int64)
     k = 0
     total = positions.shape[0]
@@ -398,14 +400,22 @@ def insert_rows(ids, positions, source, slot_of, low, id_of, free, num_free,
         take = min(num_free[j], total - k)
         top = num_free[j] - take
         for t in range(take):
-            position = positions[k + t]
-            node = ids[position]
+            node = ids[positions[k + t]]
             local = free[j][top + t]
-            copy_row(buffers[j], local, source, position)
             slot_of[node] = low[j] + local
             id_of[j][local] = node
             resident[node] = True
+            dest_store[k + t] = j
+            dest_slot[k + t] = local
         num_free[j] = top
         inserted[j] = take
         k += take
     return inserted
+
+
+@njit(**_NOGIL)
+def copy_admitted(source, positions, buffers, dest_store, dest_slot):
+    """``buffers[dest_store[k]][dest_slot[k]] = source[positions[k]]``:
+    the admitted rows into the slots `insert_slots` gave them."""
+    for k in range(positions.shape[0]):
+        copy_row(buffers[dest_store[k]], dest_slot[k], source, positions[k])

@@ -107,8 +107,10 @@ class Pipeline:
             threads.append(sampled)
         ready = self.fetch.run(sampled)
         if self.prefetch:
-            ready = Prefetcher("hmgraph-fetch", ready, self.prefetch,
-                               self.timeout)
+            # An interleaving fetch holds one batch in flight itself.
+            depth = self.prefetch - 1 if self.fetch.interleaves else \
+                self.prefetch
+            ready = Prefetcher("hmgraph-fetch", ready, depth, self.timeout)
             threads.insert(0, ready)
         # (3) Finish each batch in this thread; close the threads on
         # the way out (end, break, exception).
@@ -190,7 +192,8 @@ class Prefetcher:
     items : iterator
         What the thread consumes (e.g. a stage generator).
     depth : int
-        Items buffered ahead (>= 1).
+        Items buffered ahead; 0: each item is handed over before the next
+        is made (the thread waits for the consumer to take it).
     timeout : float
         Seconds to wait for an item before raising (0: no limit), as
         ``timeout`` of ``torch.utils.data.DataLoader``.
@@ -202,6 +205,8 @@ class Prefetcher:
         self.timeout = timeout
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._stop = threading.Event()
+        self._hand_over = depth < 1
+        self._taken = threading.Event()
         self._items = items
         self._done = False
         self._thread = threading.Thread(target=self._run, name=name,
@@ -223,13 +228,19 @@ class Prefetcher:
                 close()
 
     def _put(self, item) -> bool:
+        self._taken.clear()
         while not self._stop.is_set():
             try:
                 self._queue.put(item, timeout=_POLL_SECONDS)
-                return True
+                break
             except queue.Full:
                 continue
-        return False
+        else:
+            return False
+        while self._hand_over and not self._taken.wait(_POLL_SECONDS):
+            if self._stop.is_set():
+                return False
+        return True
 
     def __iter__(self):
         return self
@@ -241,6 +252,7 @@ class Prefetcher:
         while True:
             try:
                 item = self._queue.get(timeout=_POLL_SECONDS)
+                self._taken.set()
                 break
             except queue.Empty:
                 waited = time.perf_counter() - start

@@ -289,7 +289,7 @@ def test_static_policies_fill_the_hottest_rows_device_first(rows):
 def test_static_fill_reads_the_file_in_order(rows, feature_path, monkeypatch,
                                              policy):
     # Chunks of 16 rows; in rank order each would span most of the file.
-    monkeypatch.setattr("hmgraph.cache.coordinated._WARM_CHUNK_ROWS", 16)
+    monkeypatch.setattr("hmgraph.cache.layer.WARM_CHUNK_ROWS", 16)
     source = make_source("storage", rows, feature_path)
     chunks, read = [], source.read
     monkeypatch.setattr(source, "read", lambda ids: chunks.append(ids)

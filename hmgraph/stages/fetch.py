@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import time
 from collections.abc import Iterator
 
@@ -89,25 +90,67 @@ class FetchStage(Stage):
                 feature = getattr(feature, "inner", None) or getattr(
                     feature, "source", None)
 
+    @property
+    def interleaves(self) -> bool:
+        """Whether batches are read interleaved: one node type whose rows
+        come through a cache that reads a batch while it looks up the
+        next (`FeatureCache.submit`)."""
+        return len(self.features) == 1 and all(
+            getattr(feature, "interleaves", False)
+            for feature in self.features.values())
+
     def run(self, sampled: Iterator[SampledBatch]) -> Iterator[ReadyBatch]:
-        """``ReadyBatch`` of each sampled batch, in order."""
+        """``ReadyBatch`` of each sampled batch, in order.
+
+        Where the stage `interleaves`, batch i + 1 is submitted before
+        batch i is handed on: its rows are looked up while batch i's
+        reads end, and its reads run while batch i is trained on."""
         ahead: collections.deque[SampledBatch] = collections.deque()
         stream = torch.cuda.Stream(self.device) if self.side_stream \
             else None
-        for batch in sampled:
-            ahead.append(batch)
-            if len(ahead) > self.window:
-                yield self._ready(ahead, stream)
-        while ahead:
-            yield self._ready(ahead, stream)
+        if not self.interleaves:
+            for batch in sampled:
+                ahead.append(batch)
+                if len(ahead) > self.window:
+                    yield self._ready(self._submit(ahead, stream), stream)
+            while ahead:
+                yield self._ready(self._submit(ahead, stream), stream)
+            return
+        pending = None
+        try:
+            for batch in itertools.chain(sampled, [None]):
+                if batch is not None:
+                    ahead.append(batch)
+                while ahead and (batch is None or len(ahead) > self.window):
+                    started = self._submit(ahead, stream)
+                    if pending is not None:
+                        yield self._ready(pending, stream)
+                    pending = started
+            if pending is not None:
+                pending, last = None, pending
+                yield self._ready(last, stream)
+        finally:
+            if pending is not None:  # left early: finish the read in flight
+                with contextlib.suppress(Exception):
+                    self._each_tier("_drain")
 
-    def _ready(self, ahead, stream) -> ReadyBatch:
+    def _submit(self, ahead, stream) -> tuple:
+        """Start the next batch's read: ``(batch, rows or pending reads,
+        labels, seconds, CPU seconds)``."""
         batch = ahead.popleft()
         future = [later.unique_inputs for later in ahead]
         start, cpu = time.perf_counter(), time.thread_time()
-        with torch.cuda.stream(stream) if stream is not None else \
-                contextlib.nullcontext():
+        with self._on(stream):
             values, y = self.fetch(batch, future)
+        return (batch, values, y, time.perf_counter() - start,
+                time.thread_time() - cpu)
+
+    def _ready(self, started: tuple, stream) -> ReadyBatch:
+        batch, values, y, seconds, cpu = started
+        start, began = time.perf_counter(), time.thread_time()
+        with self._on(stream):
+            values = [v.result() if hasattr(v, "result") else v
+                      for v in values]
         if stream is not None:
             stream.synchronize()
             # Made on the side stream, used on the default one: tell the
@@ -117,13 +160,21 @@ class FetchStage(Stage):
                 if tensor is not None and tensor.is_cuda:
                     tensor.record_stream(consumer)
         self.fetched += 1
-        return ReadyBatch(batch, values, y, time.perf_counter() - start,
-                          time.thread_time() - cpu)
+        return ReadyBatch(batch, values, y,
+                          seconds + time.perf_counter() - start,
+                          cpu + time.thread_time() - began)
+
+    @staticmethod
+    def _on(stream):
+        """The CUDA stream's context, or none."""
+        return torch.cuda.stream(stream) if stream is not None else \
+            contextlib.nullcontext()
 
     def fetch(self, sampled: SampledBatch, future: list) -> tuple:
         """``(values, labels)`` of one batch: the cached feature's rows
         through the cache (``future``: later batches' reads by type),
-        the rest gathered."""
+        the rest gathered. Where the stage `interleaves`, the cached
+        rows are a `PendingRead` (its ``result()`` gives them)."""
         values = []
         for read in sampled.reads:
             ahead = [f[read.type] for f in future if read.type in f]
@@ -131,6 +182,8 @@ class FetchStage(Stage):
             if feature is self.sources[read.type]:  # caching off
                 rows = feature.read(read.ids).to(
                     self.device, non_blocking=self.pin)
+            elif self.interleaves:
+                rows = feature.submit(read.ids, ahead)
             else:
                 rows = feature.read(read.ids, ahead)
             values.append(rows)

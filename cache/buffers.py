@@ -75,6 +75,9 @@ class BufferPool:
         self.size = size if _use_count is not None else 0
         self._buffers: list[tuple[torch.Tensor, int]] = []
         self._lock = threading.Lock()
+        #: Buffers made because every kept one was still held: batches in
+        #: flight beyond the pool's size (each pays its page faults).
+        self.overflows = 0
 
     def resize(self, size: int) -> None:
         """Keep at most ``size`` buffers from now on."""
@@ -93,6 +96,7 @@ class BufferPool:
                 full = len(self._buffers) >= self.size and all(
                     _holders(base) > idle for base, idle in self._buffers)
                 if not full or time.perf_counter() >= deadline:
+                    self.overflows += full
                     return self._fresh(rows)
             time.sleep(self.wait_seconds / 5)
 

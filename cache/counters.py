@@ -117,6 +117,10 @@ class ReuseStats:
         looking ids up in the table, copying reused rows, keeping the
         batch (a copy of its rows, its ids in the table) and moving the
         ids of the rest to the host (a sync on CUDA).
+    cpu_seconds : float
+        The CPU time of the reading thread over that same work: beside
+        a model training on the same cores, ``seconds`` also counts the
+        time the thread waited for a core.
     copy_seconds : float
         The part of ``seconds`` spent copying rows on the device: reused
         rows into the batch, the batch's rows into the buffer.
@@ -135,6 +139,7 @@ class ReuseStats:
                                                   "level2": 0})
     bytes_saved: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
     copy_seconds: float = 0.0
     peak_bytes: int = 0
     staging_bytes: int = 0
@@ -156,6 +161,7 @@ class ReuseStats:
                 "reuse_rate": self.reuse_rate(),
                 "bytes_saved": self.bytes_saved,
                 "seconds": self.seconds,
+                "cpu_seconds": self.cpu_seconds,
                 "copy_seconds": self.copy_seconds,
                 "peak_bytes": self.peak_bytes,
                 "staging_bytes": self.staging_bytes}

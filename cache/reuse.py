@@ -243,7 +243,7 @@ class BatchReuse(Feature):
         # Everything but the inner read counts in `stats.seconds`: the
         # lookups, the row copies, keeping the batch, and moving the ids
         # of the rest to the host (a sync on CUDA).
-        began = time.perf_counter()
+        began = _clock()
         ids = ids.to(self.device)
         # (1) In which batch each id was last stored, and where.
         batch_of = self._batch_of.index_select(0, ids)
@@ -261,13 +261,13 @@ class BatchReuse(Feature):
         # (2) The rest from the cache below, asked in sorted order (it
         # then neither sorts them nor reorders its rows), into staging.
         rest = (~served).nonzero().squeeze(1)
-        inner = 0.0
+        inner = (0.0, 0.0)
         if rest.numel():
             wanted, order = ids.index_select(0, rest).sort()
             wanted = wanted.cpu()
-            start = time.perf_counter()
+            start = _clock()
             rows = self.inner.read(wanted, future)
-            inner = time.perf_counter() - start
+            inner = _since(start)
             copy = time.perf_counter()
             staged = self._staging(rest.numel())
             staged.copy_(rows)
@@ -286,8 +286,15 @@ class BatchReuse(Feature):
         self.stats.rows_requested += ids.numel()
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.nbytes)
         self.stats.staging_bytes = self.staging_bytes
-        self.stats.seconds += time.perf_counter() - began - inner
+        self._count_seconds(began, inner)
         return out
+
+    def _count_seconds(self, began, inner) -> None:
+        """Wall and this thread's CPU seconds since ``began`` (`_clock`),
+        less the reads below's (``inner``), into the counters."""
+        wall, cpu = _since(began)
+        self.stats.seconds += wall - inner[0]
+        self.stats.cpu_seconds += cpu - inner[1]
 
     def _staging(self, rows: int) -> torch.Tensor:
         """``rows`` rows of staging after the ring (grown by a quarter
@@ -363,7 +370,7 @@ class BatchReuse(Feature):
     def _read_compiled(self, ids, future=()) -> torch.Tensor:
         """`_read` through the kernels of `hmgraph.cache.reuse_engine`:
         the same decisions, rows and counters in fewer passes."""
-        began = time.perf_counter()
+        began = _clock()
         ids_np = ids.numpy()
         count = len(ids_np)
         source, rest, where, keys, spare, keep = self._scratch_rows(count)
@@ -400,19 +407,19 @@ class BatchReuse(Feature):
         out = self._batches.empty(count)
         out_rows = byte_rows(out)
         in_place = getattr(self.inner, "reads_in_place", False)
-        inner, rows = 0.0, self._no_rows
+        inner, rows = (0.0, 0.0), self._no_rows
         if missing:
             wanted = np.empty(missing, dtype=np.int64)
             reuse_engine.sort_rest(ids_np, rest, missing, self._passes,
                                    wanted, source, where, keys, spare)
-            start = time.perf_counter()
+            start = _clock()
             if in_place:
                 self.inner.read_into(torch.from_numpy(wanted), out,
                                      where[:missing], future)
             else:
                 rows = byte_rows(self.inner.read(torch.from_numpy(wanted),
                                                  future))
-            inner = time.perf_counter() - start
+            inner = _since(start)
             if self._staged_rows < missing:
                 self._staged_rows = missing + missing // 4
         # (3) One pass builds the batch from the ring and those rows (or
@@ -436,7 +443,7 @@ class BatchReuse(Feature):
         self.stats.rows_requested += count
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.nbytes)
         self.stats.staging_bytes = self.staging_bytes
-        self.stats.seconds += time.perf_counter() - began - inner
+        self._count_seconds(began, inner)
         return out
 
     def _scratch_rows(self, count: int) -> np.ndarray:
@@ -469,3 +476,14 @@ class BatchReuse(Feature):
         """Close the inner feature; let go of the batch buffers."""
         self.release_buffers()
         self.inner.close()
+
+
+def _clock() -> tuple[float, float]:
+    """Wall seconds and this thread's CPU seconds, now."""
+    return time.perf_counter(), time.thread_time()
+
+
+def _since(began: tuple[float, float]) -> tuple[float, float]:
+    """Wall and CPU seconds since ``began`` (`_clock`)."""
+    wall, cpu = _clock()
+    return wall - began[0], cpu - began[1]

@@ -168,8 +168,10 @@ def prefetch_depth(config) -> int:
 def batches_in_flight(config) -> int:
     """Batches whose input rows may be alive at once: those prefetched,
     the one being fetched and the one training (the loader keeps that
-    many buffers, `hmgraph.cache.feature.Feature.keep_buffers`)."""
-    return prefetch_depth(config) + 2
+    many buffers, `hmgraph.cache.feature.Feature.keep_buffers`); at
+    ``prefetch=0`` three, as a cache that interleaves reads holds
+    (`hmgraph.pipeline.Pipeline.batches_in_flight`)."""
+    return max(prefetch_depth(config), 1) + 2
 
 
 def batch_input_bytes(config, dataset, sampler) -> int:

@@ -92,10 +92,9 @@ class Pipeline:
         trace : list, optional
             Gets each batch's unique input ids.
         """
-        # (1) Reset the stages: the order, the buffers alive at once (the
-        # batch training, those prefetched, the one being read).
+        # (1) Reset the stages: the order, the buffers alive at once.
         sample_seed = self.sample.reset(seed, epoch)
-        self.fetch.reset(self.prefetch + 2)
+        self.fetch.reset(self.batches_in_flight)
         self.finish.reset(trace)
         # (2) Chain them, sampling and fetching in threads if asked.
         sampled = self.sample.run(sample_seed)  # draws torch's base seed
@@ -131,6 +130,18 @@ class Pipeline:
             if not self.prefetch:
                 ready.close()
                 sampled.close()
+
+    @property
+    def batches_in_flight(self) -> int:
+        """Batches whose rows are alive at once, each in a buffer kept for
+        reuse: the one training, those prefetched and the one being read;
+        ``prefetch + 2``, and 3 at ``prefetch=0`` where the fetch
+        interleaves (it reads the next batch while this one trains, and
+        looks up the one after: sized for two, the buffers ran short
+        every batch and a fresh 216 MB buffer paid its page faults on
+        synth-products)."""
+        return self.prefetch + 2 + (
+            not self.prefetch and self.fetch.interleaves)
 
     def state_dict(self) -> dict:
         """Each stage's state."""

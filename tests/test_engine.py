@@ -300,6 +300,34 @@ def test_batch_buffers_are_let_go_at_an_epochs_end(data_root):
         file.close()
 
 
+@pytest.mark.parametrize("prefetch", [0, 1])
+def test_an_interleaving_loader_keeps_a_buffer_per_batch_in_flight(
+        data_root, prefetch):
+    """The cache reads batch i + 1 while batch i trains and looks up batch
+    i + 2, even at ``prefetch=0``: the pool keeps a buffer for each, and
+    no batch finds them all held (sized one short, it made a fresh one,
+    page faults and all, for every batch)."""
+    import dgl
+
+    from hmgraph import DataLoader, datasets
+
+    data = datasets.load("synth-tiny", data_root, features_on="disk")
+    loader = DataLoader(
+        data.graph, data.split["train"][:768],
+        dgl.dataloading.NeighborSampler([5, 5]), batch_size=64,
+        features=data.feature_path, cache="hmgraph", prefetch=prefetch,
+        host_budget_bytes=data.feature_bytes // 5, seed=0)
+    try:
+        assert loader.cache["_N"].interleaves
+        pool = loader.cache["_N"]._compiled.pool
+        batches = 0
+        for batch in loader:  # the loop holds each batch until the next
+            batches += batch.x.shape[0] > 0
+        assert batches == 12 and pool.size == 3 and pool.overflows == 0
+    finally:
+        loader.close()
+
+
 def test_a_staged_hit_is_copied_before_its_slot_is_refilled(rows,
                                                             feature_path):
     """Batch 1 hits row 1 in staging and no later batch needs it: its slot

@@ -389,6 +389,7 @@ def test_reuse_seconds_are_all_but_the_reads_below():
     stats = reuse.stats
     assert 0 < stats.copy_seconds <= stats.seconds
     assert stats.seconds <= total - 10 * SlowFeature.DELAY
+    assert 0 < stats.cpu_seconds <= stats.seconds + 1e-3
 
 
 def test_reuse_without_a_cache_reuses(tiny):
@@ -442,7 +443,8 @@ def test_analyze_replays_what_the_loader_runs_with_reuse(tiny):
 def _counters(reuse: BatchReuse) -> dict:
     """Batch reuse's counters and the cache below's, less the timings."""
     counters = reuse.stats.as_dict()
-    del counters["seconds"], counters["copy_seconds"]
+    del counters["seconds"], counters["cpu_seconds"], \
+        counters["copy_seconds"]
     below = reuse.inner.stats.as_dict()
     below.pop("seconds", None)
     return {"reuse": counters, "below": below, "held": reuse.held_rows,

@@ -38,6 +38,24 @@ def tiny(data_root):
     return datasets.load("synth-tiny", data_root)
 
 
+@pytest.fixture(scope="module")
+def rows():
+    """The cache tests' reference rows (`test_cache.reference_rows`)."""
+    from test_cache import reference_rows  # a test module: not at the top
+
+    return reference_rows()
+
+
+@pytest.fixture(scope="module")
+def feature_path(tmp_path_factory, rows):
+    """``rows`` as a feature file, one per test module."""
+    from hmgraph.cache.format import write_feature_file
+
+    path = tmp_path_factory.mktemp("rows") / "feat.bin"
+    write_feature_file(path, rows)
+    return path
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """``../shared/data``; tests that use it skip when it is absent."""

@@ -25,7 +25,6 @@ from hmgraph.cache.coordinated import (
     FrozenView,
 )
 from hmgraph.cache.feature import TensorFeature, check_ids
-from hmgraph.cache.format import write_feature_file
 from hmgraph.cache.plan import (
     build_cache,
     make_plan,
@@ -81,18 +80,6 @@ def make_cache(policy: str, budget, source, staging=0.0) -> FeatureCache:
                         hop_counts=hop_counts)
     cache.test_plan, cache.test_host_budget = plan, host
     return cache
-
-
-@pytest.fixture(scope="module")
-def rows() -> np.ndarray:
-    return reference_rows()
-
-
-@pytest.fixture(scope="module")
-def feature_path(tmp_path_factory, rows):
-    path = tmp_path_factory.mktemp("cache") / "feat.bin"
-    write_feature_file(path, rows)
-    return path
 
 
 SOURCES = ["memory", "storage", "storage-staged"]

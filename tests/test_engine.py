@@ -20,31 +20,17 @@ from test_cache import (
     NUM_ROWS,
     make_cache,
     make_source,
-    reference_rows,
     staging_of,
 )
 
 from hmgraph.cache.disk import read_plan
 from hmgraph.cache.engine import select_along
-from hmgraph.cache.format import write_feature_file
 
 #: The policies the compiled engine serves; the others read through the
 #: reference whatever the engine asked.
 COMPILED = ["hmgraph", "presample", "degree", "layer-aware", "none"]
 SOURCES = ["memory", "storage", "storage-staged"]
 WINDOW = 3
-
-
-@pytest.fixture(scope="module")
-def rows() -> np.ndarray:
-    return reference_rows()
-
-
-@pytest.fixture(scope="module")
-def feature_path(tmp_path_factory, rows):
-    path = tmp_path_factory.mktemp("engine") / "feat.bin"
-    write_feature_file(path, rows)
-    return path
 
 
 def pair(policy, budget, kind, rows, feature_path):
@@ -121,14 +107,18 @@ def test_compiled_engine_decides_as_the_reference(policy, budget, kind,
             cache.close()
 
 
+#: Hypothesis draws: a policy, a budget, a source and batches of any ids.
+ANY_BATCHES = {
+    "policy": st.sampled_from(["hmgraph", "presample"]),
+    "budget": st.sampled_from(list(BUDGETS.values())),
+    "kind": st.sampled_from(SOURCES),
+    "batches": st.lists(st.lists(st.integers(0, NUM_ROWS - 1),
+                                 max_size=150), min_size=1, max_size=8)}
+
+
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(policy=st.sampled_from(["hmgraph", "presample"]),
-       budget=st.sampled_from(list(BUDGETS.values())),
-       kind=st.sampled_from(SOURCES),
-       batches=st.lists(st.lists(st.integers(0, NUM_ROWS - 1),
-                                 max_size=150),
-                        min_size=1, max_size=8))
+@given(**ANY_BATCHES)
 def test_compiled_engine_equals_the_reference_on_any_batches(
         policy, budget, kind, batches, rows, feature_path):
     """Any ids, repeats and empty batches included."""

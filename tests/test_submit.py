@@ -15,23 +15,16 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from test_cache import BUDGETS, NUM_ROWS, reference_rows
-from test_engine import COMPILED, SOURCES, WINDOW, pair, recorded_trace, state
-
-from hmgraph.cache.format import write_feature_file
-
-
-@pytest.fixture(scope="module")
-def rows() -> np.ndarray:
-    return reference_rows()
-
-
-@pytest.fixture(scope="module")
-def feature_path(tmp_path_factory, rows):
-    path = tmp_path_factory.mktemp("submit") / "feat.bin"
-    write_feature_file(path, rows)
-    return path
+from test_cache import BUDGETS
+from test_engine import (
+    ANY_BATCHES,
+    COMPILED,
+    SOURCES,
+    WINDOW,
+    pair,
+    recorded_trace,
+    state,
+)
 
 
 def uniques_of(batches) -> list[torch.Tensor]:
@@ -84,12 +77,7 @@ def test_interleaved_batches_read_as_one_by_one(policy, budget, kind,
 
 @settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(policy=st.sampled_from(["hmgraph", "presample"]),
-       budget=st.sampled_from(list(BUDGETS.values())),
-       kind=st.sampled_from(SOURCES),
-       batches=st.lists(st.lists(st.integers(0, NUM_ROWS - 1),
-                                 max_size=150),
-                        min_size=1, max_size=8))
+@given(**ANY_BATCHES)
 def test_interleaved_batches_on_any_ids(policy, budget, kind, batches,
                                         rows, feature_path):
     compare(policy, budget, kind, uniques_of(batches), rows, feature_path)

@@ -147,10 +147,23 @@ def timed(loader, rows, built: float) -> dict:
             / max(batches, 1), "construct_seconds": built}
 
 
+def measured_disk(path) -> dict:
+    """The disk under ``path`` measured now (`hmgraph disk --refresh`):
+    the model every loader after it plans and prices its reads with. The
+    virtual disk's speed drifts within the hour, and a model cached at
+    another moment is no floor."""
+    from hmgraph.cache.disk import disk_model
+
+    model = disk_model(path, refresh=True)
+    return {"iops": model.iops, "bandwidth": model.bandwidth,
+            "queue_depth": model.queue_depth, "text": model.describe()}
+
+
 def run_dataset(name: str, args) -> list[dict]:
     data, facts = common.load(name, args.root)
     seeds = common.seeded_subset(data.split["train"], args.max_batches,
                                  args.batch_size, args.seed)
+    disk = {"before": measured_disk(data.feature_path)}
     hot = common.hot_first_layout(name, data, seeds, args, PROFILE_BATCHES)
     runs = [(config, prefetch) for config in CONFIGS
             for prefetch in ([None] if config[0] == DGL else args.prefetch)]
@@ -170,6 +183,7 @@ def run_dataset(name: str, args) -> list[dict]:
             passes.setdefault((config, prefetch), []).append(record)
             bar.update(1)
     bar.close()
+    disk["after"] = measured_disk(data.feature_path)
     records = []
     for (config, prefetch), done in passes.items():
         seconds = [r["seconds_per_batch"] for r in done]
@@ -181,7 +195,7 @@ def run_dataset(name: str, args) -> list[dict]:
             seconds_per_batch_all=seconds,
             cpu_seconds_per_batch=statistics.median(
                 r["cpu_seconds_per_batch"] for r in done),
-            feature_bytes=facts["feature_bytes"]))
+            feature_bytes=facts["feature_bytes"], disk=disk))
     base = find(records, name, DGL, None)["seconds_per_batch"]
     for record in records:
         record["vs_dgl"] = record["seconds_per_batch"] / base
@@ -243,12 +257,14 @@ def report(result: dict) -> str:
         "seconds per batch are the loader's (sample and fetch run in its "
         "threads with prefetch > 0; wait is the consumer's). The machine "
         "is shared: only ratios within this run count. Disk model "
-        "s/batch: the disk's measured model (`hmgraph disk`) priced on "
-        "the requests and bytes a batch read, the floor of a loader "
-        "reading them. CPU s/batch per stage: the sampling and fetching "
-        "threads' CPU time in their stage, and the storage tier's threads' "
-        "(reads and copies out of read buffers).", "",
+        "s/batch: the disk's model, measured again before each dataset's "
+        "runs (`hmgraph disk --refresh`), priced on the requests and "
+        "bytes a batch read: the floor of a loader reading them. CPU "
+        "s/batch per stage: the sampling and fetching threads' CPU time "
+        "in their stage, and the storage tier's threads' (reads and "
+        "copies out of read buffers).", "",
         common.environment_text(result["environment"]), "",
+        *disk_lines(result["records"]),
         common.markdown_table(
             ["dataset", "loader", "prefetch", "s/batch", "CPU s/batch",
              "/ dgl", "/ none (disk)", "sample", "fetch", "wait",
@@ -257,6 +273,19 @@ def report(result: dict) -> str:
         "## Targets (issue 33)", "",
         common.targets_table(result["targets"]), ""]
     return "\n".join(text)
+
+
+def disk_lines(records) -> list[str]:
+    """The disk as measured before and after each dataset's runs."""
+    lines, seen = [], set()
+    for r in records:
+        disk = r.get("disk")
+        if disk and r["dataset"] not in seen:
+            seen.add(r["dataset"])
+            lines += [f"{r['dataset']}: the disk measured before the runs "
+                      f"(their model): {disk['before']['text']}; after: "
+                      f"{disk['after']['text']}.", ""]
+    return lines
 
 
 def main(argv=None) -> int:

@@ -183,7 +183,7 @@ def main(argv=None) -> int:
                              filter(None, args.set.split(",")))}
     out = Path(args.out)
     report = {"settings": settings, "cells": []}
-    if args.resume and out.is_file():
+    if (args.resume or args.merge) and out.is_file():  # --merge adds
         report = json.loads(out.read_text())
     suffix = "".join(f" {k}={v:g}" for k, v in extra.items())
     if args.note is not None:

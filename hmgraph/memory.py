@@ -28,9 +28,9 @@ from hmgraph.cache.policies import POLICIES
 log = logging.getLogger(__name__)
 
 __all__ = ["batch_input_bytes", "batches_in_flight", "check_model_memory",
-           "layerwise_buffer_bytes", "layerwise_on_disk", "memory_promise",
-           "peak_rss_bytes", "prefetch_depth", "size_memory",
-           "working_set_bytes"]
+           "in_flight", "layerwise_buffer_bytes", "layerwise_on_disk",
+           "memory_promise", "peak_rss_bytes", "prefetch_depth",
+           "size_memory", "working_set_bytes"]
 
 #: Copies of every parameter while training with Adam: the weights, their
 #: gradients and Adam's two moment estimates.
@@ -165,13 +165,21 @@ def prefetch_depth(config) -> int:
     return 1 if config.features_on == "disk" else 2
 
 
+def in_flight(prefetch: int, interleaves: bool = True) -> int:
+    """Batches whose rows are alive at once, each in a buffer the loader
+    keeps for reuse (`hmgraph.cache.feature.Feature.keep_buffers`): the
+    one training, those prefetched and the one being read; ``prefetch +
+    2``, and 3 at ``prefetch=0`` where the fetch ``interleaves`` (it reads
+    the next batch while this one trains, and looks up the one after:
+    sized for two, the buffers ran short every batch and a fresh 216 MB
+    buffer paid its page faults on synth-products)."""
+    return prefetch + 2 + (interleaves and not prefetch)
+
+
 def batches_in_flight(config) -> int:
-    """Batches whose input rows may be alive at once: those prefetched,
-    the one being fetched and the one training (the loader keeps that
-    many buffers, `hmgraph.cache.feature.Feature.keep_buffers`); at
-    ``prefetch=0`` three, as a cache that interleaves reads holds
-    (`hmgraph.pipeline.Pipeline.batches_in_flight`)."""
-    return max(prefetch_depth(config), 1) + 2
+    """Batches whose input rows may be alive at once under ``config``
+    (`in_flight`, counting on a cache that interleaves)."""
+    return in_flight(prefetch_depth(config))
 
 
 def batch_input_bytes(config, dataset, sampler) -> int:

@@ -36,6 +36,7 @@ import time
 import weakref
 from collections.abc import Iterator
 
+from hmgraph.memory import in_flight
 from hmgraph.stages import (
     FetchStage,
     FinishStage,
@@ -133,15 +134,9 @@ class Pipeline:
 
     @property
     def batches_in_flight(self) -> int:
-        """Batches whose rows are alive at once, each in a buffer kept for
-        reuse: the one training, those prefetched and the one being read;
-        ``prefetch + 2``, and 3 at ``prefetch=0`` where the fetch
-        interleaves (it reads the next batch while this one trains, and
-        looks up the one after: sized for two, the buffers ran short
-        every batch and a fresh 216 MB buffer paid its page faults on
-        synth-products)."""
-        return self.prefetch + 2 + (
-            not self.prefetch and self.fetch.interleaves)
+        """Batches whose rows are alive at once (`hmgraph.memory.
+        in_flight` of this prefetch depth and fetch)."""
+        return in_flight(self.prefetch, self.fetch.interleaves)
 
     def state_dict(self) -> dict:
         """Each stage's state."""

@@ -159,7 +159,8 @@ def measured_disk(path) -> dict:
             "queue_depth": model.queue_depth, "text": model.describe()}
 
 
-def run_dataset(name: str, args) -> list[dict]:
+def run_dataset(name: str, args) -> tuple[list[dict], dict]:
+    """The dataset's records, and the disk measured before and after."""
     data, facts = common.load(name, args.root)
     seeds = common.seeded_subset(data.split["train"], args.max_batches,
                                  args.batch_size, args.seed)
@@ -195,7 +196,7 @@ def run_dataset(name: str, args) -> list[dict]:
             seconds_per_batch_all=seconds,
             cpu_seconds_per_batch=statistics.median(
                 r["cpu_seconds_per_batch"] for r in done),
-            feature_bytes=facts["feature_bytes"], disk=disk))
+            feature_bytes=facts["feature_bytes"]))
     base = find(records, name, DGL, None)["seconds_per_batch"]
     for record in records:
         record["vs_dgl"] = record["seconds_per_batch"] / base
@@ -204,7 +205,7 @@ def run_dataset(name: str, args) -> list[dict]:
             none = find(records, name, NONE_DISK, record["prefetch"])
             record["vs_none"] = record["seconds_per_batch"] / \
                 none["seconds_per_batch"]
-    return records
+    return records, disk
 
 
 def find(records, dataset, config, prefetch) -> dict:
@@ -264,7 +265,9 @@ def report(result: dict) -> str:
         "in their stage, and the storage tier's threads' (reads and "
         "copies out of read buffers).", "",
         common.environment_text(result["environment"]), "",
-        *disk_lines(result["records"]),
+        *(f"{name}: the disk measured before the runs (their model): "
+          f"{disk['before']['text']}; after: {disk['after']['text']}.\n"
+          for name, disk in result["disks"].items()),
         common.markdown_table(
             ["dataset", "loader", "prefetch", "s/batch", "CPU s/batch",
              "/ dgl", "/ none (disk)", "sample", "fetch", "wait",
@@ -275,26 +278,14 @@ def report(result: dict) -> str:
     return "\n".join(text)
 
 
-def disk_lines(records) -> list[str]:
-    """The disk as measured before and after each dataset's runs."""
-    lines, seen = [], set()
-    for r in records:
-        disk = r.get("disk")
-        if disk and r["dataset"] not in seen:
-            seen.add(r["dataset"])
-            lines += [f"{r['dataset']}: the disk measured before the runs "
-                      f"(their model): {disk['before']['text']}; after: "
-                      f"{disk['after']['text']}.", ""]
-    return lines
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     result = {"config": common.settings(args),
               "environment": common.environment(), "records": [],
-              "targets": []}
+              "disks": {}, "targets": []}
     for name in args.datasets:
-        result["records"] += run_dataset(name, args)
+        records, result["disks"][name] = run_dataset(name, args)
+        result["records"] += records
         result["targets"] = targets(result["records"], args)
         common.write_results(result, report(result), args.out)
     return common.finish(result, report(result), args.out)

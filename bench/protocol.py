@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(RESULTS / "protocol.json"))
     parser.add_argument("--resume", action="store_true",
                         help="keep the cells already in --out, run the rest")
-    parser.add_argument("--merge", default="",
+    parser.add_argument("--merge", default=None,
                         help="only add the cells of these JSON files "
                         "(comma-separated) to --out and rewrite its table")
     parser.add_argument("--note", default=None,
@@ -183,13 +183,14 @@ def main(argv=None) -> int:
                              filter(None, args.set.split(",")))}
     out = Path(args.out)
     report = {"settings": settings, "cells": []}
-    if (args.resume or args.merge) and out.is_file():  # --merge adds
+    merging = args.merge is not None  # adds cells, runs none
+    if (args.resume or merging) and out.is_file():
         report = json.loads(out.read_text())
     suffix = "".join(f" {k}={v:g}" for k, v in extra.items())
     if args.note is not None:
         report["note"] = args.note
-    if args.merge:
-        for path in args.merge.split(","):
+    if merging:
+        for path in filter(None, args.merge.split(",")):
             report["cells"] += json.loads(Path(path).read_text())["cells"]
         _write(report, out)
         print(format_markdown(report), end="")

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from hmgraph.cache import compiled
+from hmgraph.cache import compiled, ondevice
 from hmgraph.cache.counters import CacheStats, add_count
 from hmgraph.cache.feature import (
     Feature,
@@ -50,14 +50,15 @@ from hmgraph.cache.feature import (
 from hmgraph.cache.frozen import FrozenView
 from hmgraph.cache.inflight import PendingRead
 from hmgraph.cache.layer import Layer
+from hmgraph.cache.policy_base import storage_bytes
 from hmgraph.cache.slots import SlotStore
 
 __all__ = ["ENGINES", "MARK_BYTES", "CacheStats", "FeatureCache",
            "FrozenView", "Layer", "PendingRead"]
 
-#: How a cache reads a batch: the compiled engine, or the tensor code it
-#: is tested against (the reference).
-ENGINES = ("compiled", "torch")
+#: How a cache reads a batch: the compiled engine, the tensor code run by
+#: the training device, or the tensor code run on the host (reference).
+ENGINES = ("compiled", "device", "torch")
 
 #: Host bytes per node of window read planning's marks (int8).
 MARK_BYTES = 1
@@ -78,12 +79,13 @@ class FeatureCache(Feature):
         Host rows for window read planning (0: off). Used when the source
         has ``read_along`` (the storage tier) and reads get ``future``.
     engine : str
-        ``"compiled"`` (default): each batch is read by the compiled
-        engine (`hmgraph.cache.compiled`), in request order with the GIL
-        released, where it serves the layout (CPU stores, one layer of
-        the ``hmgraph`` or a static policy, or none); ``"torch"``: the
-        tensor code below, the reference it is tested against. The
-        attribute `engine` says which one reads.
+        ``"compiled"`` (default): the compiled engine
+        (`hmgraph.cache.compiled`) where it serves the layout (CPU
+        stores, one layer of the ``hmgraph`` or a static policy, or
+        none), on a GPU the ``"device"`` engine (the tensor code below,
+        run by the GPU: `hmgraph.cache.ondevice`) where it serves it;
+        ``"torch"``: the tensor code, bookkeeping in host memory, the
+        reference both are tested against. `engine` says which reads.
 
     Notes
     -----
@@ -122,13 +124,18 @@ class FeatureCache(Feature):
         for layer in self.layers:
             layer.warm(source)
         self._complete = self._pinning_stores()
+        #: ``"compiled"``, ``"device"`` or ``"torch"`` (see ``engine``).
+        self.engine = ondevice.choose(self, engine)
+        self._on_device = ondevice.OnDevice(self) \
+            if self.engine == "device" else None
         self.stats.metadata_bytes = self.metadata_nbytes()
-        #: ``"compiled"`` where the compiled engine serves this layout
-        #: (`hmgraph.cache.compiled.supports`), else ``"torch"``.
-        self.engine = "compiled" if engine == "compiled" and \
-            compiled.supports(self) else "torch"
         self._compiled = compiled.CompiledRead(self) \
             if self.engine == "compiled" else None
+
+    @property
+    def reads_source_in_place(self) -> bool:
+        """Whether the GPU reads misses from the source's pinned rows."""
+        return getattr(self._on_device, "source_view", None) is not None
 
     @property
     def complete(self) -> bool:
@@ -167,7 +174,8 @@ class FeatureCache(Feature):
         else:
             out = torch.empty((asked.numel(), *self.row_shape),
                               dtype=self.dtype, device=self.device)
-            pending, found = torch.arange(asked.numel()), {}
+            pending = torch.arange(asked.numel(), device=asked.device)
+            found = {}
             for store in stores:
                 slots = store.slots(asked[pending])
                 held = slots >= 0
@@ -191,26 +199,21 @@ class FeatureCache(Feature):
         return [store for layer in self.layers for store in layer.stores]
 
     def metadata_nbytes(self) -> dict[str, int]:
-        """Bytes of bookkeeping allocated now, measured, per memory.
-
-        Every policy's state, every store's tables (all in host memory)
-        and the window's marks; what `hmgraph.cache.plan.metadata_bytes`
-        charges to the host budget for the same layout (LRU's groups
-        grow up to their charge as batches run).
-        """
-        host = sum(layer.policy.metadata_nbytes() for layer in self.layers)
-        stores = self.stores + ([self.staging] if self.staging is not None
-                                else [])
-        tables = {}  # by storage: the tiers of a layer share one slot_of
-        for store in stores:
-            for table in (store.slot_of, store.id_of, store.free,
-                          store.seen):
-                storage = table.untyped_storage()
-                tables[storage.data_ptr() or id(table)] = storage.nbytes()
-        host += sum(tables.values())
+        """Bytes of bookkeeping allocated now, measured, per memory: every
+        policy's state, every store's tables and the window's marks; what
+        `hmgraph.cache.plan.metadata_bytes` charges to the host budget for
+        the same layout (LRU's groups grow up to their charge as batches
+        run). The ``device`` engine keeps it on a GPU."""
+        stores = self.stores + [s for s in [self.staging] if s is not None]
+        tables = [table for s in stores
+                  for table in (s.slot_of, s.id_of, s.free, s.seen)]
         if self.staging is not None:
-            host += self._marks.untyped_storage().nbytes()
-        return {"host": host, "device": 0}
+            tables.append(self._marks)
+        total = storage_bytes(tables) + sum(
+            layer.policy.metadata_nbytes() for layer in self.layers)
+        where = "device" if self._on_device is not None and \
+            self.device.type != "cpu" else "host"
+        return {"host": 0, "device": 0, where: total}
 
     def held_bytes(self) -> dict[str, int]:
         """Bytes of row memory held per store name."""
@@ -235,7 +238,7 @@ class FeatureCache(Feature):
                      if store.name == "device" and pinned.numel()]
         if not sum(ids.numel() for ids in held):
             return None
-        mask = torch.zeros(self.num_rows, dtype=torch.bool)
+        mask = held[0].new_zeros(self.num_rows, dtype=torch.bool)
         mask[torch.cat(held)] = True
         return mask.to(self.device)
 
@@ -333,6 +336,8 @@ class FeatureCache(Feature):
         out[torch.from_numpy(at)] = self._read(ids, future).cpu()
 
     def _read(self, ids, future=()) -> torch.Tensor:
+        if self._on_device is not None:
+            ids, future = ids.to(self.device), self._on_device.window(future)
         if self._complete is not None:
             return self._gather_held(ids, self.stats)
         with self._lock:  # one read at a time: iterators may overlap
@@ -344,13 +349,13 @@ class FeatureCache(Feature):
     def _read_locked(self, ids, future) -> torch.Tensor:
         start = time.perf_counter()
         unique, out, where, inverse = request_rows(ids, self)
-        pending = torch.arange(unique.numel())  # positions not yet served
+        pending = torch.arange(unique.numel(), device=unique.device)
         asked_per_layer, hits = [], {}
         # (1) Each layer serves what its stores hold. Nothing is decided
         # or counted yet: a failed source read must leave no trace.
         for layer in self.layers:
             asked = unique[pending]
-            served = torch.zeros(asked.numel(), dtype=torch.bool)
+            served = torch.zeros_like(asked, dtype=torch.bool)
             for store in layer.stores:
                 slots = store.slots(asked)
                 found = slots >= 0
@@ -381,6 +386,8 @@ class FeatureCache(Feature):
                 rows, *along = self.source.read_along(
                     missed, candidates, limit=self.staging.num_free,
                     rank=self._marks[candidates])
+            elif self._on_device is not None:
+                rows = self._on_device.source_rows(missed)
             else:
                 rows = self.source.read(missed)
             out[where(pending)] = rows.to(self.device)

@@ -214,6 +214,7 @@ def request_rows(ids: torch.Tensor, feature: Feature):
     device = feature.device
     if inverse is not None and inverse.numel() == unique.numel():
         order = torch.empty_like(inverse)
-        order[inverse] = torch.arange(inverse.numel())
+        order[inverse] = torch.arange(inverse.numel(),
+                                      device=inverse.device)
         return unique, out, lambda pos: order[pos].to(device), None
     return unique, out, lambda pos: pos.to(device), inverse

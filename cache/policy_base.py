@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["EMPTY_IDS", "NoCachePolicy", "Policy", "Step"]
+__all__ = ["EMPTY_IDS", "NoCachePolicy", "Policy", "Step", "storage_bytes"]
 
 #: No ids: int64, empty, on the CPU; what a policy returns for nothing to
 #: warm, pin, evict or admit (never written to).
@@ -93,6 +93,14 @@ class Policy(ABC):
         """Rows held now (counted as steps apply, not by a scan)."""
         return self._size
 
+    def to(self, device) -> Policy:
+        """Keep every tensor of the state on ``device``; `step` then takes
+        ids there. Returns the policy."""
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value.to(device))
+        return self
+
     @classmethod
     def layer_capacities(cls, store_rows: Sequence[int]) -> list[int]:
         """Rows of each layer this policy keeps over stores of
@@ -148,7 +156,7 @@ class Policy(ABC):
         Every tensor the policy holds, counted by its storage (a view
         keeps its whole storage alive), each storage once.
         """
-        return _storage_bytes(self._tensors())
+        return storage_bytes(self._tensors())
 
     def _tensors(self):
         """The tensors this policy keeps between steps."""
@@ -209,14 +217,14 @@ class NoCachePolicy(Policy):
     def step(self, ids: torch.Tensor,
              future: Sequence[torch.Tensor] = ()) -> Step:
         """Every id misses; nothing is kept per node."""
-        return Step(torch.zeros(ids.numel(), dtype=torch.bool), EMPTY_IDS,
-                    EMPTY_IDS)
+        return Step(torch.zeros(ids.numel(), dtype=torch.bool,
+                                device=ids.device), ids[:0], ids[:0])
 
     def _step(self, ids, hit, future) -> Step:
-        return Step(hit, EMPTY_IDS, EMPTY_IDS)
+        return Step(hit, ids[:0], ids[:0])
 
 
-def _storage_bytes(tensors) -> int:
+def storage_bytes(tensors) -> int:
     """Bytes of the distinct storages behind ``tensors``."""
     seen, total = set(), 0
     for tensor in tensors:

@@ -127,7 +127,8 @@ class HMGraphPolicy(Policy):
         held = self._held  # the dynamic region: no scan of the graph
         candidates = torch.cat([held, miss])
         keys = self._keys(candidates)
-        keep = torch.ones(candidates.numel(), dtype=torch.bool)
+        keep = torch.ones(candidates.numel(), dtype=torch.bool,
+                          device=candidates.device)
         if candidates.numel() > dynamic_capacity:
             keep[:] = False
             keep[torch.topk(keys, dynamic_capacity, largest=False).indices] \

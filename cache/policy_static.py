@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from hmgraph.cache.policy_base import EMPTY_IDS, Policy, Step
+from hmgraph.cache.policy_base import Policy, Step
 
 __all__ = [
     "DegreePolicy",
@@ -52,7 +52,7 @@ class StaticPolicy(Policy):
         return self._contents
 
     def _step(self, ids, hit, future) -> Step:
-        return Step(hit, EMPTY_IDS, EMPTY_IDS)
+        return Step(hit, ids[:0], ids[:0])
 
 
 class DegreePolicy(StaticPolicy):

@@ -197,8 +197,11 @@ class CacheBuilder:
     @staticmethod
     def _reads_from(source, built, plan: CachePlan, off: bool) -> Feature:
         """What batches read: the source where caching is off (rows
-        straight from it, as DGL gathers), batch reuse, or the cache."""
-        if off and not plan.staging_rows and not plan.reuse_levels:
+        straight from it, as DGL gathers, unless the GPU reads its pinned
+        rows in place through the cache's ``device`` engine, as DGL's
+        UVA gathers), batch reuse, or the cache."""
+        if off and not plan.staging_rows and not plan.reuse_levels and \
+                not built.reads_source_in_place:
             return source
         if plan.reuse_levels:
             return BatchReuse(built, plan.reuse_levels, plan.reuse_rows)

@@ -62,7 +62,8 @@ def profile_trace(seed: int = 1, batches: int = 8) -> list[torch.Tensor]:
             for _ in range(batches)]
 
 
-def make_cache(policy: str, budget, source, staging=0.0) -> FeatureCache:
+def make_cache(policy: str, budget, source, staging=0.0,
+               engine="compiled") -> FeatureCache:
     trace = profile_trace()
     counts = torch.zeros(NUM_ROWS, dtype=torch.int64)
     for ids in trace:
@@ -77,7 +78,7 @@ def make_cache(policy: str, budget, source, staging=0.0) -> FeatureCache:
     degrees = torch.arange(NUM_ROWS).flip(0)
     hop_counts = torch.stack([counts, counts // 2])
     cache = build_cache(source, plan, counts=counts, degrees=degrees,
-                        hop_counts=hop_counts)
+                        hop_counts=hop_counts, engine=engine)
     cache.test_plan, cache.test_host_budget = plan, host
     return cache
 

@@ -213,10 +213,17 @@ def check_streams(path: Path, rows: torch.Tensor, batches, device) -> dict:
     consumer = torch.cuda.default_stream(device)
     busy = torch.randn(8192, 8192, device=device)
     results = {}
-    for policy, levels in (("hmgraph", 0), ("hmgraph", 2), ("lru", 0)):
-        name = policy if not levels else f"{policy}+reuse{levels}"
-        with StorageFeature(path) as source:
-            feature = build(policy, source, device, batches, levels)
+    pinned = rows.pin_memory()
+    for policy, levels, kind in (("hmgraph", 0, "file"),
+                                 ("hmgraph", 0, "memory"),
+                                 ("hmgraph", 2, "memory"), ("lru", 0, "file")):
+        name = (policy if not levels else f"{policy}+reuse{levels}") + \
+            f" {kind}"
+        with StorageFeature(path) if kind == "file" else \
+                TensorFeature(pinned) as source:
+            feature = build(policy, source, device, batches, levels,
+                            staging=0.1 if kind == "file" else 0.0)
+            engine = engine_of(feature)
             copies = []
             for _ in range(3):
                 for i, ids in enumerate(batches):
@@ -233,9 +240,9 @@ def check_streams(path: Path, rows: torch.Tensor, batches, device) -> dict:
             feature.close()
         exact = all(torch.equal(c.cpu(), rows[ids]) for c, ids in
                     zip(copies, batches * 3, strict=True))
-        results[name] = {"ok": exact}
-        print(f"  streams {name:14s} {'PASS' if exact else 'FAIL'}",
-              flush=True)
+        results[name] = {"ok": exact, "engine": engine}
+        print(f"  streams {name:22s} {engine:9s}"
+              f"{'PASS' if exact else 'FAIL'}", flush=True)
     return results
 
 

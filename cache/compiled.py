@@ -25,8 +25,9 @@ copies the last one's admitted rows, with the same rows, decisions and
 counters.
 
 It serves caches on the CPU with at most one layer whose stores share one
-id -> slot table (``hmgraph`` and the static policies, or no layer); the
-others (``lru``, ``clock``, stores on a GPU) read through the reference.
+id -> slot table (``hmgraph`` and the static policies, or no layer);
+``lru`` and ``clock`` read through the reference, caches on a GPU through
+the ``device`` engine where it serves them (`hmgraph.cache.ondevice`).
 """
 
 from __future__ import annotations

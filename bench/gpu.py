@@ -54,6 +54,7 @@ from hmgraph.cache import (
     make_plan,
     write_feature_file,
 )
+from hmgraph.cache.coordinated import FrozenView
 from hmgraph.cache.reuse import BatchReuse
 
 UVA_GATHER = r"""
@@ -184,11 +185,16 @@ def check_rows(path: Path, rows: torch.Tensor, batches, device) -> dict:
                         staging=0.1 if kind == "file" else 0.0,
                         engine="compiled" if where is device else "torch")
                     got[where] = read_all(feature, batches)
-                    stats[where] = counters(feature)
+                    # Evaluation's reads, which leave the cache as it is.
+                    view = FrozenView(getattr(feature, "inner", feature))
+                    got[where].append(view.read(batches[0]).cpu())
+                    stats[where] = counters(feature) | {
+                        "frozen": counters(view)}
                     engines[where] = engine_of(feature)
                     feature.close()
             exact = all(torch.equal(g, rows[ids]) for g, ids in
-                        zip(got[device], batches, strict=True))
+                        zip(got[device], [*batches, batches[0]],
+                            strict=True))
             same = stats[device] == stats["cpu"]
             results[name] = {"rows_exact": exact, "counters_equal": same,
                              "engine": engines[device],

@@ -25,9 +25,8 @@ copies the last one's admitted rows, with the same rows, decisions and
 counters.
 
 It serves caches on the CPU with at most one layer whose stores share one
-id -> slot table (``hmgraph`` and the static policies, or no layer);
-``lru`` and ``clock`` read through the reference, caches on a GPU through
-the ``device`` engine where it serves them (`hmgraph.cache.ondevice`).
+id -> slot table (``hmgraph`` and the static policies, or no layer); on
+a GPU see `hmgraph.cache.ondevice`, the others read through the reference.
 """
 
 from __future__ import annotations

@@ -41,6 +41,9 @@ class FrozenView(Feature):
         self.stats = CacheStats()
 
     def _read(self, ids: torch.Tensor) -> torch.Tensor:
+        on_device = self.cache._on_device  # the device engine's tables
+        if on_device is not None:
+            ids = ids.to(self.device)
         if self.cache.complete:
             return self.cache._gather_held(ids, self.stats)
         reader = self.cache._compiled
@@ -50,7 +53,7 @@ class FrozenView(Feature):
                     lambda asked: reader.frozen_read(asked, self.stats), ids)
         start = time.perf_counter()
         unique, out, where, inverse = request_rows(ids, self)
-        pending = torch.arange(unique.numel())
+        pending = torch.arange(unique.numel(), device=unique.device)
         for store in self.cache.stores:
             slots = store.slots(unique[pending])
             found = slots >= 0
@@ -60,8 +63,10 @@ class FrozenView(Feature):
                 add_count(self.stats.hits, store.name, int(found.sum()))
                 pending = pending[~found]
         if pending.numel():
-            out[where(pending)] = self.cache.source.read(
-                unique[pending]).to(self.device)
+            missed = unique[pending]
+            out[where(pending)] = (
+                on_device.source_rows(missed) if on_device is not None
+                else self.cache.source.read(missed)).to(self.device)
             add_count(self.stats.bytes, "storage->host",
                  self.row_bytes * pending.numel())
         add_count(self.stats.hits, "source", pending.numel())

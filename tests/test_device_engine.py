@@ -18,7 +18,7 @@ from test_cache import BUDGETS, make_cache, make_source
 from test_engine import ANY_BATCHES, recorded_trace, run_trace
 
 from hmgraph.cache import TensorFeature, uva
-from hmgraph.cache.coordinated import FeatureCache
+from hmgraph.cache.coordinated import FeatureCache, FrozenView
 from hmgraph.cache.policies import make_policy
 
 #: The policies whose steps run where their state is.
@@ -101,3 +101,25 @@ def test_a_device_view_reads_pinned_rows_in_place(rows):
         uva.device_view(torch.from_numpy(rows), "cuda")
     cache = FeatureCache(TensorFeature(host), [], device="cuda")
     assert cache.engine == "device" and cache.reads_source_in_place
+
+
+@pytest.mark.parametrize("kind", SOURCES)
+@pytest.mark.parametrize("policy", ["hmgraph", "presample"])
+def test_frozen_views_read_alike_through_the_device_engine(policy, kind,
+                                                           rows,
+                                                           feature_path):
+    """Evaluation reads (`FrozenView`) after a trace: same rows and
+    counters as the reference's."""
+    caches = pair(policy, BUDGETS["small"], kind, rows, feature_path)
+    try:
+        run_trace(caches, recorded_trace(seed=3, batches=5), rows)
+        views = [FrozenView(cache) for cache in caches]
+        for ids in ([5, 1, 5, 300, 2], list(range(0, 600, 7)), []):
+            for view in views:
+                out = view.read(torch.tensor(ids, dtype=torch.int64))
+                assert out.numpy().tobytes() == rows[ids].tobytes()
+        assert views[0].stats.as_dict() | {"seconds": 0} == \
+            views[1].stats.as_dict() | {"seconds": 0}
+    finally:
+        for cache in caches:
+            cache.close()

@@ -56,6 +56,7 @@ def main(argv=None) -> int:
                     rows[batch.input_nodes.numpy()]))
                 mismatches += int((batch.x != want).any(dim=1).sum())
                 batches += 1
+            del batch, want  # what the loader holds, not the last batch
             memory = process.memory_info()
             records.append({
                 "epoch": epoch, "batches": batches,

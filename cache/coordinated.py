@@ -128,6 +128,9 @@ class FeatureCache(Feature):
         self.engine = ondevice.choose(self, engine)
         self._on_device = ondevice.OnDevice(self) \
             if self.engine == "device" else None
+        # Misses from the source (the device engine reads them in place).
+        self._read_source = self.source.read if self._on_device is None \
+            else self._on_device.source_rows
         self.stats.metadata_bytes = self.metadata_nbytes()
         self._compiled = compiled.CompiledRead(self) \
             if self.engine == "compiled" else None
@@ -386,10 +389,8 @@ class FeatureCache(Feature):
                 rows, *along = self.source.read_along(
                     missed, candidates, limit=self.staging.num_free,
                     rank=self._marks[candidates])
-            elif self._on_device is not None:
-                rows = self._on_device.source_rows(missed)
             else:
-                rows = self.source.read(missed)
+                rows = self._read_source(missed)
             out[where(pending)] = rows.to(self.device)
             del rows
         # (3) The read succeeded: the policies decide, evictions then

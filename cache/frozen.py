@@ -41,8 +41,7 @@ class FrozenView(Feature):
         self.stats = CacheStats()
 
     def _read(self, ids: torch.Tensor) -> torch.Tensor:
-        on_device = self.cache._on_device  # the device engine's tables
-        if on_device is not None:
+        if self.cache._on_device is not None:  # its tables are there
             ids = ids.to(self.device)
         if self.cache.complete:
             return self.cache._gather_held(ids, self.stats)
@@ -63,10 +62,8 @@ class FrozenView(Feature):
                 add_count(self.stats.hits, store.name, int(found.sum()))
                 pending = pending[~found]
         if pending.numel():
-            missed = unique[pending]
-            out[where(pending)] = (
-                on_device.source_rows(missed) if on_device is not None
-                else self.cache.source.read(missed)).to(self.device)
+            out[where(pending)] = self.cache._read_source(
+                unique[pending]).to(self.device)
             add_count(self.stats.bytes, "storage->host",
                  self.row_bytes * pending.numel())
         add_count(self.stats.hits, "source", pending.numel())

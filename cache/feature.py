@@ -12,6 +12,8 @@ from abc import ABC, abstractmethod
 import numpy as np
 import torch
 
+from hmgraph.cache.buffers import BufferPool
+
 __all__ = ["Feature", "TensorFeature", "check_ids", "request_rows",
            "torch_dtype", "unique_sorted"]
 
@@ -163,6 +165,14 @@ class Feature(ABC):
 class TensorFeature(Feature):
     """Rows held in one tensor (in memory, on any device).
 
+    On the CPU a read gathers with ``index_select`` into a buffer that is
+    reused once nobody holds it (`keep_buffers`, which the loader sizes
+    to its batches in flight): a fresh tensor of a batch's rows costs a
+    page fault per 4 KiB written, and ``rows[ids]`` gathers element by
+    element. On synth-products (543,000 rows of 400 B a batch, one
+    thread) ``rows[ids]`` took 255 ms, ``index_select`` 155 ms, and
+    ``index_select`` into a reused buffer 47 ms.
+
     Parameters
     ----------
     rows : torch.Tensor or numpy.ndarray
@@ -181,9 +191,22 @@ class TensorFeature(Feature):
         self.row_shape = tuple(rows.shape[1:])
         self.dtype = rows.dtype
         self.device = rows.device
+        self._pool = BufferPool(self.row_shape, self.dtype, size=0) \
+            if self.device.type == "cpu" else None
 
     def _read(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.rows[ids.to(self.device)]
+        if self._pool is None:
+            return self.rows[ids.to(self.device)]
+        out = self._pool.empty(ids.numel()) if self._pool.size else None
+        return torch.index_select(self.rows, 0, ids, out=out)
+
+    def keep_buffers(self, batches: int) -> None:
+        if self._pool is not None:
+            self._pool.resize(batches)
+
+    def release_buffers(self) -> None:
+        if self._pool is not None:
+            self._pool.clear()
 
 
 def request_rows(ids: torch.Tensor, feature: Feature):

@@ -390,6 +390,49 @@ def test_check_ids_names_the_largest_bad_id():
         check_ids(torch.tensor([1.0]), 600)
 
 
+def test_rows_in_memory_come_in_reused_buffers_never_overwritten(rows):
+    """An in-memory feature gathers into buffers kept for the batches in
+    flight: the rows equal ``rows[ids]``, a buffer nobody holds is
+    reused, and rows a caller holds are never written over."""
+    feature = TensorFeature(torch.from_numpy(rows.copy()))
+    ids = torch.randperm(len(rows))[:300]
+    fresh = feature.read(ids)  # no buffers kept: a fresh tensor each read
+    assert torch.equal(fresh, torch.from_numpy(rows)[ids])
+    assert feature.read(ids).data_ptr() != fresh.data_ptr()
+    feature.keep_buffers(2)
+    first = feature.read(ids)
+    kept = first.clone()
+    address = first.data_ptr()
+    second = feature.read(ids.flip(0))  # ``first`` is held: another one
+    assert second.data_ptr() != address
+    assert torch.equal(first, kept)
+    del first
+    again = feature.read(ids[:200])  # let go of: reused
+    assert again.data_ptr() == address
+    assert torch.equal(again, torch.from_numpy(rows)[ids[:200]])
+    assert torch.equal(second, torch.from_numpy(rows)[ids.flip(0)])
+    feature.release_buffers()
+    assert feature._pool.nbytes == 0
+
+
+def test_loader_without_a_cache_reuses_its_batch_buffers(tiny):
+    """``cache=None`` with rows in memory: DGL's rows, gathered into at
+    most the batches in flight's buffers (no fresh tensor a batch)."""
+    sampler = dgl.dataloading.NeighborSampler([5, 3])
+    loader = hmgraph.DataLoader(tiny.graph, tiny.split["train"], sampler,
+                                features=tiny.features, batch_size=64,
+                                shuffle=True, prefetch=1)
+    addresses = set()
+    for input_nodes, _, blocks in loader:
+        assert torch.equal(blocks[0].srcdata["feat"],
+                           tiny.features[input_nodes])
+        addresses.add(blocks[0].srcdata["feat"].data_ptr())
+    pool = loader.feature["_N"]._pool
+    assert 1 < len(addresses) <= pool.size + pool.overflows
+    assert len(loader) > 2 * pool.size
+    loader.close()
+
+
 # The loader with a cache: DGL contract, thread lifecycle, failures.
 
 @pytest.mark.parametrize("prefetch", [0, 2], ids=["inline", "threads"])

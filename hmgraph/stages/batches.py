@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hmgraph.cache.engine import argsort
+
 __all__ = ["MiniBatch", "ReadyBatch", "SampledBatch", "blocks_of"]
 
 
@@ -49,11 +51,19 @@ class SampledBatch:
         ids = {}
         for read in self.reads:
             ids.setdefault(read.type, []).append(read.ids)
-        # NumPy's sort: torch's default CPU sort of 160,000 int64 ids
-        # took 97 ms, NumPy's 4 ms (this ran for every sampled batch).
-        return {key: torch.from_numpy(np.sort(parts[0].numpy()))
+        # A compiled radix sort: torch's default CPU sort of 160,000
+        # int64 ids took 97 ms, NumPy's 4 ms; of a synth-products batch's
+        # 543,000 ids NumPy's 30 ms, the radix sort and a take 5 ms.
+        return {key: torch.from_numpy(_sorted(parts[0].numpy()))
                 if len(parts) == 1 else torch.unique(torch.cat(parts))
                 for key, parts in ids.items()}
+
+
+def _sorted(ids: np.ndarray) -> np.ndarray:
+    """``np.sort(ids)`` of non-negative ids, by a radix sort."""
+    if not len(ids):
+        return ids.copy()
+    return ids[argsort(ids, int(ids.max()) + 1)]
 
 
 @dataclass

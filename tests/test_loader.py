@@ -195,3 +195,26 @@ def test_each_finished_epoch_hands_freed_memory_back(tiny, monkeypatch):
     assert len(calls) == 2
     monkeypatch.undo()
     assert isinstance(hmgraph.pipeline.release_freed_memory(), bool)
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+def test_a_batchs_lookahead_ids_are_its_sorted_unique_inputs(parts):
+    """`SampledBatch.unique_inputs` (the cache's lookahead window): the
+    sorted unique ids of the batch's reads, per node type, by the
+    compiled radix sort where one read has them."""
+    from hmgraph.dglbatch import Lazy
+    from hmgraph.stages.batches import SampledBatch
+
+    generator = torch.Generator().manual_seed(parts)
+    ids = torch.randperm(3_000_000, generator=generator)[:5000]
+    reads = [Lazy(0, "node", 0, "feat", "feat", "_N", chunk)
+             for chunk in ids.chunk(parts)]
+    if parts == 2:  # a repeat across reads is read once
+        reads.append(Lazy(0, "node", 1, "feat", "feat", "_N", ids[:10]))
+    batch = SampledBatch(0, None, reads, [], 0.0)
+    (unique,) = batch.unique_inputs.values()
+    assert torch.equal(unique, torch.unique(ids))
+    none = Lazy(0, "node", 0, "feat", "feat", "_N",
+                torch.zeros(0, dtype=torch.int64))
+    empty = SampledBatch(0, None, [none], [], 0.0)
+    assert empty.unique_inputs["_N"].numel() == 0

@@ -27,6 +27,7 @@ from hmgraph.cache.plan import (
 )
 from hmgraph.cache.policies import POLICIES, layer_aware_score
 from hmgraph.cache.reuse import REUSE_LEVELS, BatchReuse
+from hmgraph.memory import release_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +151,7 @@ class CacheBuilder:
                    for p in built.plan.values()] or [0]
         built.window = windows[0] if window is None else window
         built.profile = self.profile
+        release_freed_memory()  # what profiling and the fill let go of
         return built
 
     def _plan(self, source, cache, device_budget_bytes, host_budget_bytes,

@@ -27,8 +27,6 @@ live iterators.
 from __future__ import annotations
 
 import atexit
-import ctypes
-import gc
 import itertools
 import queue
 import threading
@@ -36,7 +34,7 @@ import time
 import weakref
 from collections.abc import Iterator
 
-from hmgraph.memory import in_flight
+from hmgraph.memory import in_flight, release_freed_memory
 from hmgraph.stages import (
     FetchStage,
     FinishStage,
@@ -112,8 +110,10 @@ class Pipeline:
                 self.prefetch
             ready = Prefetcher("hmgraph-fetch", ready, depth, self.timeout)
             threads.insert(0, ready)
-        # (3) Finish each batch in this thread; close the threads on
-        # the way out (end, break, exception).
+        # (3) Finish each batch in this thread; on the way out (end,
+        # break, exception) close the threads and let go of the buffers
+        # kept for the epoch's batches: an epoch left early held up to
+        # `batches_in_flight` batches of rows until the next one ended.
         seconds, finish = self.finish.stats.seconds, self.finish
         try:
             while True:
@@ -121,8 +121,6 @@ class Pipeline:
                 batch = next(ready, None)
                 seconds["wait"] += time.perf_counter() - start
                 if batch is None:
-                    self.fetch.release()
-                    release_freed_memory()
                     return
                 yield finish(batch)
         finally:
@@ -131,6 +129,8 @@ class Pipeline:
             if not self.prefetch:
                 ready.close()
                 sampled.close()
+            self.fetch.release()
+            release_freed_memory()
 
     @property
     def batches_in_flight(self) -> int:
@@ -148,36 +148,6 @@ class Pipeline:
         """Close the stages (the features they read from)."""
         for stage in (self.sample, self.fetch, self.finish):
             stage.close()
-
-
-def release_freed_memory() -> bool:
-    """Hand memory freed by this process back to the system, at an epoch's
-    end.
-
-    Batches are freed by reference counting as soon as they are dropped
-    (`tests/test_loader.py` checks it with the collector off), but two
-    things keep memory: DGL's ctypes handles sit in small reference cycles
-    that wait for the cycle collector; and glibc keeps freed tensors in
-    its arenas (over 50 epochs on synth-small RSS grew by about 300 MB with
-    no more bytes held, `bench/soak.py`). A collection of the young
-    generations (where the last batches' cycles are), then glibc's
-    ``malloc_trim``, hands both back. Not a full collection: that scans
-    every object of the process (torch, DGL, the model) and took 0.25 s
-    an epoch, 12 ms a batch on a 20-batch epoch, against DGL's 50 ms
-    batches; older cycles go with Python's own full collections.
-
-    Returns
-    -------
-    bool
-        Whether memory was released (glibc's ``malloc_trim``; False where
-        the C library has none).
-    """
-    gc.collect(1)
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (AttributeError, OSError):
-        return False
-    return bool(trim(0))
 
 
 class _Failure:

@@ -189,12 +189,34 @@ def test_each_finished_epoch_hands_freed_memory_back(tiny, monkeypatch):
         for _ in loader:
             pass
         assert len(calls) == epoch + 1
-    for _ in loader:  # left early: the epoch did not finish
+    for _ in loader:  # left early: handed back too
         break
     loader.close()
-    assert len(calls) == 2
+    assert len(calls) == 3
     monkeypatch.undo()
     assert isinstance(hmgraph.pipeline.release_freed_memory(), bool)
+
+
+@pytest.mark.parametrize("cache", [None, "hmgraph"])
+def test_an_epoch_left_early_keeps_no_batch_buffers(tiny, cache):
+    """``break`` (or an iterator dropped after one ``next``, as a step
+    timed alone takes one batch) lets go of the buffers kept for the
+    epoch's batches; the batch taken stays whole."""
+    rows = tiny.features if cache is None else tiny.feature_path
+    loader = DataLoader(tiny.graph, tiny.split["train"][:512],
+                        SAMPLERS["neighbor"](), batch_size=64,
+                        features=rows, cache=cache, prefetch=1,
+                        device_budget_bytes=4096 if cache else 0)
+    feature = loader.cache["_N"] if cache else loader.feature["_N"]
+    pool = feature._compiled.pool if cache else feature._pool
+    for _ in loader:
+        assert pool.nbytes > 0
+        break
+    assert pool.nbytes == 0
+    batch = next(iter(loader))
+    assert pool.nbytes == 0
+    assert torch.equal(batch.x, tiny.features[batch.input_nodes])
+    loader.close()
 
 
 @pytest.mark.parametrize("parts", [1, 2])

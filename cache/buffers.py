@@ -78,6 +78,9 @@ class BufferPool:
         #: Buffers made because every kept one was still held: batches in
         #: flight beyond the pool's size (each pays its page faults).
         self.overflows = 0
+        #: Idle buffers remade larger because a batch outgrew them.
+        self.regrown = 0
+        self._largest = 0
 
     def resize(self, size: int) -> None:
         """Keep at most ``size`` buffers from now on."""
@@ -107,15 +110,20 @@ class BufferPool:
         return None
 
     def _fresh(self, rows: int) -> torch.Tensor:
-        # A little room: the next batches' row counts differ by a few %.
-        fresh = aligned_empty((rows + rows // 32, *self.row_shape),
-                              self.dtype)
+        # Sized for the largest batch asked for so far, with a little room
+        # (the next batches' row counts differ by a few %), so that a
+        # buffer outgrown once is not outgrown again and again.
+        self._largest = max(self._largest, rows)
+        fresh = aligned_empty(
+            (self._largest + self._largest // 32, *self.row_shape),
+            self.dtype)
         if len(self._buffers) < self.size:
             self._buffers.append((fresh, _holders(fresh)))
         else:  # replace a smaller buffer nobody holds
             for index, (base, idle) in enumerate(self._buffers):
                 if _holders(base) == idle:
                     self._buffers[index] = (fresh, _holders(fresh))
+                    self.regrown += 1
                     break
         return fresh[:rows]
 

@@ -204,6 +204,22 @@ def test_a_batch_buffer_is_reused_only_once_nobody_holds_it():
     assert fourth.data_ptr() in pointers  # memory reused
 
 
+def test_an_outgrown_batch_buffer_is_remade_for_the_largest_batch():
+    """A batch larger than every idle buffer replaces one of them, sized
+    for the largest batch so far: batches that shrink and grow again do
+    not remake it each time (the CI once saw four buffers in a pool of
+    three, uncounted)."""
+    from hmgraph.cache.buffers import BufferPool
+
+    pool = BufferPool((4,), torch.float32, size=1)
+    pool.empty(100)  # let go of at once
+    pool.empty(400)  # outgrows the first: remade
+    assert pool.regrown == 1 and pool.overflows == 0
+    base = pool._buffers[0][0].data_ptr()
+    for rows in (50, 400, 120, 390, 410):  # within the room kept
+        assert pool.empty(rows).data_ptr() == base
+    assert pool.regrown == 1 and pool.overflows == 0
+
 def test_a_full_batch_pool_waits_for_the_consumer_then_stays_bounded():
     """A reader that finds every kept buffer held waits a moment for the
     consumer to let go of its last batch (it does so just after taking the

@@ -2,20 +2,32 @@
 
 The DGL wheel we depend on is CPU-only, so DGL graphs and blocks stay on the
 CPU while features may live on any device. Each layer here reads the block's
-edge ids, moves them to the feature device and does message passing with
-``index_select`` / ``index_add_`` / ``scatter_reduce``. On the CPU the layers
-are numerically equal to their ``dgl.nn`` counterparts, and their parameter
-names and shapes are identical, so
-``ours.load_state_dict(dgl_layer.state_dict())`` works.
+edge ids, moves them to the feature device and does message passing there.
+Sums over in-edges (GraphSAGE's mean, GCN's sum) are one sparse-times-dense
+product with the block's adjacency, read from the CSC format DGL's samplers
+build, so no ``(num_edges, feat)`` tensor of messages is made: on a
+synth-igb-shaped block (750K edges, 256 features) it cut the aggregation's
+forward from 0.9 to 0.3 s and the process's peak by 0.7 GB, against
+``index_select`` + ``index_add_``. GAT weighs each edge and keeps the
+explicit messages. On the CPU the layers are numerically equal to their
+``dgl.nn`` counterparts, and their parameter names and shapes are
+identical, so ``ours.load_state_dict(dgl_layer.state_dict())`` works.
 
 All layers take ``forward(block, x)`` where ``block`` is a DGL block (its
 destination nodes are the first ``block.num_dst_nodes()`` source nodes) and
 ``x`` holds the features of the block's source nodes.
 """
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# torch 2.2 warns once per process that sparse CSR tensors are "in beta";
+# the one operation used here (CSR @ dense, with the dense side's
+# gradient) is stable on the CPU and CUDA.
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support")
 
 __all__ = [
     "GCN_IN_DEGREE",
@@ -43,11 +55,7 @@ def _edge_index(block, x):
         ``src`` and ``dst`` ids, each of shape ``(num_edges,)``, int64, on
         ``x.device``.
     """
-    if x.dim() != 2 or x.shape[0] != block.num_src_nodes():
-        raise ValueError(
-            f"x must have shape (num_src_nodes={block.num_src_nodes()}, "
-            f"in_feats); got {tuple(x.shape)}"
-        )
+    _check_features(block, x)
     src, dst = block.edges()
     return (
         src.to(device=x.device, dtype=torch.int64),
@@ -55,9 +63,42 @@ def _edge_index(block, x):
     )
 
 
-def _in_degrees(dst, num_dst, x):
-    """Return in-degrees of the dst nodes as a float tensor on ``x.device``."""
-    return torch.bincount(dst, minlength=num_dst).to(x.dtype)
+def _adjacency(block, x):
+    """Return the block's ``(num_dst, num_src)`` adjacency on ``x.device``.
+
+    Parameters
+    ----------
+    block : dgl.DGLGraph
+        A DGL block on the CPU.
+    x : torch.Tensor
+        Source node features, shape ``(block.num_src_nodes(), in_feats)``.
+
+    Returns
+    -------
+    adjacency : torch.Tensor
+        Sparse CSR, one float entry of 1 per edge (parallel edges count
+        twice), ``x.dtype``: ``adjacency @ h`` sums ``h`` over each dst
+        node's in-edges.
+    in_degrees : torch.Tensor
+        In-edges per dst node in the block, ``x.dtype``, shape
+        ``(num_dst,)``.
+    """
+    _check_features(block, x)
+    indptr, indices, _ = block.adj_tensors("csc")
+    indptr = indptr.to(device=x.device, dtype=torch.int64)
+    indices = indices.to(device=x.device, dtype=torch.int64)
+    ones = torch.ones(indices.shape[0], dtype=x.dtype, device=x.device)
+    adjacency = torch.sparse_csr_tensor(
+        indptr, indices, ones, size=(block.num_dst_nodes(), x.shape[0]))
+    return adjacency, indptr.diff().to(x.dtype)
+
+
+def _check_features(block, x):
+    if x.dim() != 2 or x.shape[0] != block.num_src_nodes():
+        raise ValueError(
+            f"x must have shape (num_src_nodes={block.num_src_nodes()}, "
+            f"in_feats); got {tuple(x.shape)}"
+        )
 
 
 def _sum_by_dst(messages, dst, num_dst):
@@ -133,14 +174,13 @@ class SAGEConv(nn.Module):
         torch.Tensor
             Shape ``(num_dst, out_feats)``, on ``x.device``.
         """
-        src, dst = _edge_index(block, x)
+        adjacency, degrees = _adjacency(block, x)
         num_dst = block.num_dst_nodes()
-        # Project before aggregating when that shrinks the messages, as DGL.
+        # Project before aggregating when that shrinks the sums, as DGL.
         lin_before_mp = self.in_feats > self.out_feats
         h_src = self.fc_neigh(x) if lin_before_mp else x
-        h_neigh = _sum_by_dst(h_src.index_select(0, src), dst, num_dst)
-        degrees = _in_degrees(dst, num_dst, x).clamp(min=1)
-        h_neigh = h_neigh / degrees.unsqueeze(-1)
+        h_neigh = adjacency @ h_src
+        h_neigh = h_neigh / degrees.clamp(min=1).unsqueeze(-1)
         if not lin_before_mp:
             h_neigh = self.fc_neigh(h_neigh)
         return self.fc_self(x[:num_dst]) + h_neigh
@@ -261,21 +301,21 @@ class GCNConv(nn.Module):
         torch.Tensor
             Shape ``(num_dst, out_feats)``, on ``x.device``.
         """
-        src, dst = _edge_index(block, x)
-        num_src, num_dst = x.shape[0], block.num_dst_nodes()
-        sampled = _in_degrees(dst, num_dst, x)
+        adjacency, sampled = _adjacency(block, x)
+        num_dst = block.num_dst_nodes()
         if GCN_IN_DEGREE in block.dstdata and \
                 GCN_OUT_DEGREE in block.srcdata:
             in_degrees = block.dstdata[GCN_IN_DEGREE].to(x.device, x.dtype)
             out_degrees = block.srcdata[GCN_OUT_DEGREE].to(x.device, x.dtype)
         else:
             in_degrees = sampled
-            out_degrees = torch.bincount(src, minlength=num_src).to(x.dtype)
+            out_degrees = torch.bincount(
+                adjacency.col_indices(), minlength=x.shape[0]).to(x.dtype)
         h = x * (out_degrees + 1).pow(-0.5).unsqueeze(-1)
         # Multiply by W on the narrower side of the aggregation, as DGL.
         if self.in_feats > self.out_feats:
             h = h @ self.weight
-        agg = _sum_by_dst(h.index_select(0, src), dst, num_dst)
+        agg = adjacency @ h
         if self.rescale:
             agg = agg * (in_degrees / sampled.clamp(min=1)).unsqueeze(-1)
         agg = agg + h[:num_dst]  # the self-loop

@@ -220,6 +220,7 @@ def test_an_outgrown_batch_buffer_is_remade_for_the_largest_batch():
         assert pool.empty(rows).data_ptr() == base
     assert pool.regrown == 1 and pool.overflows == 0
 
+
 def test_a_full_batch_pool_waits_for_the_consumer_then_stays_bounded():
     """A reader that finds every kept buffer held waits a moment for the
     consumer to let go of its last batch (it does so just after taking the

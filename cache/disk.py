@@ -8,13 +8,21 @@ holds what one device was measured to do:
 * ``queue_depth``: requests in flight, measured where reads/s stop
   growing (1 to 128 tried; the storage tier keeps that many in flight);
 * ``iops``: random 4 KiB ``O_DIRECT`` reads per second at that depth;
-* ``bandwidth``: bytes per second of sequential reads, at the depth and
-  request size (``run_bytes``, 64 KiB to 4 MiB tried) that moved the most.
-  Neither deeper nor bigger is always faster: on the virtio disk this was
-  written on, random 4 KiB reads/s grew up to depth 128, while 80 MB of
-  256 KiB runs took 0.048 s at 16 threads and 0.066 s at 128, and 32
-  threads moved 1.2-1.3 GB/s in 4 MiB runs and 1.6-1.9 GB/s in 256 KiB
-  runs.
+* ``bandwidth``: what one more byte of a read costs at that depth, as
+  bytes per second: the slope between random 4 KiB and random
+  ``THROUGH_BYTES`` reads (``through_sweep``, every depth). That is what
+  a run that reads through gaps pays for them, at a random place in the
+  file; long sequential streams move more (``run_sweep``: per depth, the
+  fastest of the request sizes ``RUN_SIZES``, the longest run the tier
+  issues being ``run_bytes``). On the virtio disk of
+  `bench/results`, at depth 32: 4 KiB reads 12.4 us each, 64 KiB 43.2
+  us, 256 KiB 169 us (1.64 GB/s more per byte), sequential 4 MiB reads
+  2.1 GB/s; a synth-papers batch's misses read in 2.35 s with gaps under
+  16 KiB read through, 2.56 s under 30 KiB (the sequential rate's
+  break-even) and 3.48 s under 64 KiB.
+  Neither deeper nor bigger is always faster: random 4 KiB reads/s grew
+  up to depth 128 there, while 80 MB of 256 KiB runs took 0.048 s at 16
+  threads and 0.066 s at 128.
 
 A read plan that issues ``r`` requests for ``b`` bytes then costs about
 ``r / iops + b / bandwidth`` seconds; where both were measured at every
@@ -58,12 +66,12 @@ from hmgraph.cache.format import PAGE_BYTES, atomic_path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BLOCK_SIZES", "DEPTHS", "RUN_SIZES", "DiskModel", "ReadPlan",
-           "block_span", "choose_depth", "disk_model", "measure_disk",
-           "read_plan"]
+__all__ = ["BLOCK_SIZES", "DEPTHS", "RUN_SIZES", "THROUGH_BYTES",
+           "DiskModel", "ReadPlan", "block_span", "choose_depth",
+           "disk_model", "measure_disk", "read_plan", "through_rate"]
 
 #: Version of the cached measurement; older caches are measured again.
-_MODEL_VERSION = 5
+_MODEL_VERSION = 6
 _IOPS_READ_BYTES = 4096
 _PROBE_SIZES = (512, 1024, 2048, 4096)
 #: Logical block sizes a model may hold: what `measure_disk` can find.
@@ -83,8 +91,10 @@ class DiskModel:
     iops : float
         Random 4 KiB reads per second at ``queue_depth``.
     bandwidth : float
-        Bytes per second of sequential reads in requests of ``run_bytes``,
-        at the depth that moved the most.
+        Bytes per second that reading through costs at ``queue_depth``
+        (``through_sweep``'s rate there); where that was not measured,
+        of sequential reads in requests of ``run_bytes`` at the depth
+        that moved the most.
     queue_depth : int
         Requests in flight for random reads (the tier's threads).
     device : int
@@ -97,7 +107,11 @@ class DiskModel:
         (its longest run): where bytes per second peaked.
     run_sweep : tuple of (int, int, float)
         Per depth tried, its fastest request size and that size's
-        bytes/s (`RUN_SIZES`); empty where none was measured.
+        bytes/s of sequential reads (`RUN_SIZES`); empty where none was
+        measured.
+    through_sweep : tuple of (int, float)
+        Per depth tried, the bytes/s one more byte of a random read costs
+        (`through_rate`); empty where none was measured.
     """
 
     block_bytes: int
@@ -108,6 +122,7 @@ class DiskModel:
     sweep: tuple = ()
     run_bytes: int = 1 << 20
     run_sweep: tuple = ()
+    through_sweep: tuple = ()
 
     def __post_init__(self):
         block = self.block_bytes
@@ -143,7 +158,8 @@ class DiskModel:
                 f"(bytes per request), got {run!r}"
             )
         rates = [(name, cell[-1]) for name, cells in (
-            ("sweep", self.sweep), ("run_sweep", self.run_sweep))
+            ("sweep", self.sweep), ("run_sweep", self.run_sweep),
+            ("through_sweep", self.through_sweep))
             for cell in cells]
         for name, rate in rates:
             if isinstance(rate, bool) or not isinstance(rate, numbers.Real) \
@@ -168,8 +184,13 @@ class DiskModel:
 
     def _by_depth(self) -> list[tuple[int, float, float]]:
         """``(depth, reads/s, bytes/s)`` for every depth measured both
-        ways, no deeper than `queue_depth`; else this model's own."""
+        ways, no deeper than `queue_depth`; else this model's own. A
+        depth's bytes/s are reading through's where measured, else
+        sequential reads'."""
         bandwidths = {depth: rate for depth, _, rate in self.run_sweep}
+        bandwidths.update(
+            (depth, rate) for depth, rate in self.through_sweep
+            if depth in bandwidths)
         rows = [(depth, iops, bandwidths[depth]) for depth, iops in
                 self.sweep if depth in bandwidths
                 and depth <= self.queue_depth]
@@ -186,22 +207,30 @@ class DiskModel:
 
     def describe(self) -> str:
         """One line for logs and reports."""
-        depth = self.depth_for(0, 1)
+        if self.through_sweep:
+            depth, _, rate = max(self.run_sweep, key=lambda c: c[2])
+            moves = (f"{self.bandwidth / 1e9:.2f} GB/s read through, "
+                     f"{rate / 1e9:.2f} GB/s sequential at depth {depth}")
+        else:
+            moves = (f"{self.bandwidth / 1e9:.2f} GB/s sequential at "
+                     f"depth {self.depth_for(0, 1)}")
         return (f"{self.iops:,.0f} random 4 KiB reads/s at queue depth "
-                f"{self.queue_depth}, {self.bandwidth / 1e9:.2f} GB/s "
-                f"sequential at depth {depth} in {self.run_bytes >> 10} "
+                f"{self.queue_depth}, {moves} in {self.run_bytes >> 10} "
                 f"KiB reads, {self.block_bytes} B blocks (read through "
                 f"gaps under {self.gap_bytes / 1024:.0f} KiB)")
 
     def describe_sweep(self) -> str:
-        """Reads/s per depth tried, then GB/s per request size tried;
-        one line (empty without a sweep)."""
+        """Reads/s per depth tried, then GB/s per request size tried and
+        read through; one line (empty without a sweep)."""
         depths = ", ".join(f"{depth}: {rate:,.0f}" for depth, rate in
                            self.sweep)
         runs = ", ".join(f"{depth}: {rate / 1e9:.2f} ({size >> 10} KiB)"
                          for depth, size, rate in self.run_sweep)
         runs = runs and f"sequential GB/s per depth {runs}"
-        return "; ".join(part for part in (depths, runs) if part)
+        through = ", ".join(f"{depth}: {rate / 1e9:.2f}"
+                            for depth, rate in self.through_sweep)
+        through = through and f"read-through GB/s per depth {through}"
+        return "; ".join(part for part in (depths, runs, through) if part)
 
 
 #: Used where nothing can be measured (no O_DIRECT): a page per block and
@@ -242,6 +271,21 @@ _KNEE = 0.9
 #: Request sizes `measure_disk` reads sequentially, at every depth.
 RUN_SIZES = (128 << 10, 256 << 10, 1 << 20, 4 << 20)
 _RUN_ROUNDS = 2
+#: Size of the random reads whose time over a 4 KiB read's prices a byte
+#: read through (`through_rate`).
+THROUGH_BYTES = 256 << 10
+
+
+def through_rate(small_rate: float, large_rate: float, large_bytes: int,
+                 sequential: float) -> float:
+    """Bytes/s one more byte of a random read costs: ``large_bytes``
+    random reads at ``large_rate`` per second against 4 KiB ones at
+    ``small_rate``. A disk whose large reads take no longer than small
+    ones (or a file too small to tell) gets ``sequential``."""
+    extra = 1.0 / large_rate - 1.0 / small_rate
+    if large_bytes <= _IOPS_READ_BYTES or extra <= 0:
+        return sequential
+    return (large_bytes - _IOPS_READ_BYTES) / extra
 
 
 def choose_depth(sweep: dict[int, float]) -> int:
@@ -259,9 +303,11 @@ def measure_disk(path: str | os.PathLike, queue_depth: int | None = None,
     Random 4 KiB ``O_DIRECT`` reads at random page offsets of the file,
     ``queue_depth`` in flight (compiled threads, `hmgraph.cache.diskio`),
     then sequential reads of each size of `RUN_SIZES` (each thread
-    sweeping its own part of the file) at the same depths: the model
-    keeps each depth's fastest size, and the fastest of all as
-    ``bandwidth`` and ``run_bytes``. With
+    sweeping its own part of the file) and random reads of
+    `THROUGH_BYTES` at the same depths: the model keeps each depth's
+    fastest sequential size, the fastest of all as ``run_bytes``, and
+    what a byte read through costs at each depth (`through_rate`), the
+    chosen depth's as ``bandwidth``. With
     ``queue_depth=None`` the random reads are measured at every depth of
     `DEPTHS` (about half of ``seconds`` in all) and the model is the
     depth `choose_depth` picks; its ``sweep`` holds every depth's reads/s.
@@ -296,21 +342,32 @@ def measure_disk(path: str | os.PathLike, queue_depth: int | None = None,
         # Sizes and depths interleaved over rounds, each cell's best
         # round kept: a virtual disk's bandwidth wavers, and one slow
         # moment should not decide the depth or the request size.
-        cells = {(d, length): 0.0 for d in depths for length in RUN_SIZES}
+        # Random reads of THROUGH_BYTES ("through") beside them.
+        large = min(THROUGH_BYTES, size - size % PAGE_BYTES)
+        spots = rng.integers(0, (size - large) // PAGE_BYTES + 1,
+                             1 << 16) * PAGE_BYTES
+        cells = {(d, length): 0.0 for d in depths
+                 for length in (*RUN_SIZES, "through")}
         each = seconds / 2 / len(cells) / _RUN_ROUNDS
         for _ in range(_RUN_ROUNDS):
             for d, length in cells:
-                cells[d, length] = max(cells[d, length], _bytes_per_second(
-                    fd, size, length, d, each))
+                rate = large * reads_per_second(
+                    fd, spots, large, d, each) if length == "through" \
+                    else _bytes_per_second(fd, size, length, d, each)
+                cells[d, length] = max(cells[d, length], rate)
     finally:
         os.close(fd)
     runs = tuple(max(((d, length, rate) for (d_, length), rate in
-                      cells.items() if d_ == d), key=lambda cell: cell[2])
-                 for d in depths)
-    _, run, bandwidth = max(runs, key=lambda cell: cell[2])
-    return DiskModel(block, sweep[depth], bandwidth, depth, device,
+                      cells.items() if d_ == d and length != "through"),
+                     key=lambda cell: cell[2]) for d in depths)
+    _, run, sequential = max(runs, key=lambda cell: cell[2])
+    through = tuple((d, through_rate(
+        sweep[d], cells[d, "through"] / large, large,
+        next(rate for d_, _, rate in runs if d_ == d))) for d in depths)
+    return DiskModel(block, sweep[depth], dict(through)[depth], depth,
+                     device,
                      tuple(sorted(sweep.items())) if len(sweep) > 1 else (),
-                     run, runs)
+                     run, runs, through)
 
 
 def _bytes_per_second(fd: int, size: int, length: int, depth: int,
@@ -418,7 +475,8 @@ def _load(cache: Path, device: int, queue_depth: int | None
             entry["block_bytes"], entry["iops"], entry["bandwidth"], depth,
             device, tuple(tuple(pair) for pair in entry.get("sweep", ())),
             entry["run_bytes"],
-            tuple(tuple(cell) for cell in entry.get("run_sweep", ())))
+            tuple(tuple(cell) for cell in entry.get("run_sweep", ())),
+            tuple(tuple(cell) for cell in entry.get("through_sweep", ())))
     except KeyError as err:
         log.warning("%s lacks %s; measuring the disk again", cache, err)
     except (TypeError, ValueError) as err:

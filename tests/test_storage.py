@@ -29,6 +29,7 @@ from hmgraph.cache.disk import (
     choose_depth,
     disk_model,
     measure_disk,
+    through_rate,
 )
 from hmgraph.cache.format import (
     DATA_OFFSET,
@@ -670,7 +671,15 @@ def test_disk_model_chooses_the_depth_where_reads_stop_growing(disk_dir):
     assert [depth for depth, _, _ in model.run_sweep] == list(DEPTHS)
     assert all(size in RUN_SIZES for _, size, _ in model.run_sweep)
     best = max(model.run_sweep, key=lambda cell: cell[2])
-    assert (model.run_bytes, model.bandwidth) == best[1:]
+    assert model.run_bytes == best[1]
+    # A byte read through priced at every depth, by random reads: the
+    # chosen depth's is the model's bandwidth, and the break-even gap's.
+    assert [depth for depth, _ in model.through_sweep] == list(DEPTHS)
+    through = dict(model.through_sweep)
+    assert model.bandwidth == through[model.queue_depth] > 0
+    assert model.gap_bytes == int(model.bandwidth / model.iops)
+    assert "read through" in model.describe()
+    assert "read-through GB/s per depth" in model.describe_sweep()
     # The storage tier keeps that many requests in flight by default, in
     # runs of that size, two to a piece.
     with StorageFeature(path, disk=model) as feature:
@@ -700,6 +709,29 @@ def test_each_read_goes_at_the_depth_that_serves_it_soonest():
     assert alone.seconds(10, 1e9) == pytest.approx(1.01)
 
 
+def test_a_byte_read_through_is_priced_by_random_reads_not_sequential():
+    # 4 KiB random reads in 12.5 us, 256 KiB ones in 170 us: a byte more
+    # costs (170 - 12.5) us / 252 KiB, 1.64 GB/s, not the 2.1 GB/s of a
+    # sequential stream.
+    rate = through_rate(80_000.0, 1e6 / 170, 256 << 10, 2.1e9)
+    assert rate == pytest.approx((256 - 4) * 1024 / 157.5e-6)
+    # Large reads no slower than small ones: nothing to tell, sequential.
+    assert through_rate(1000.0, 1000.0, 256 << 10, 2.1e9) == 2.1e9
+    assert through_rate(1000.0, 10.0, 4096, 2.1e9) == 2.1e9
+    # Per depth, the rate read through replaces the sequential one.
+    model = DiskModel(512, 400_000.0, 1e9, 64, sweep=(
+        (4, 100_000.0), (64, 400_000.0)), run_sweep=(
+        (4, 1 << 20, 3e9), (64, 1 << 18, 3e9)), through_sweep=(
+        (4, 0.5e9), (64, 1e9)))
+    assert model.seconds(100, 80 << 20) == pytest.approx(
+        100 / 400_000 + (80 << 20) / 1e9)
+    assert model.depth_for(0, 1) == 64
+    assert model.gap_bytes == 2500
+    assert model.describe().startswith(
+        "400,000 random 4 KiB reads/s at queue depth 64, 1.00 GB/s read "
+        "through, 3.00 GB/s sequential at depth 4")
+
+
 def test_disk_model_rejects_bad_values():
     with pytest.raises(ValueError, match="block_bytes must divide 4096"):
         DiskModel(3000, 1.0, 1.0, 1)
@@ -726,6 +758,10 @@ BAD_DISK_VALUES = {
         "run_sweep", [[3, 1 << 20, 0.0]],
         r"run_sweep rates must be positive and finite \(per second\), "
         r"got 0\.0"),
+    "negative-read-through": (
+        "through_sweep", [[3, -1.0]],
+        r"through_sweep rates must be positive and finite \(per second\), "
+        r"got -1\.0"),
 }
 
 

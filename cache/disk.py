@@ -280,12 +280,14 @@ def through_rate(small_rate: float, large_rate: float, large_bytes: int,
                  sequential: float) -> float:
     """Bytes/s one more byte of a random read costs: ``large_bytes``
     random reads at ``large_rate`` per second against 4 KiB ones at
-    ``small_rate``. A disk whose large reads take no longer than small
-    ones (or a file too small to tell) gets ``sequential``."""
+    ``small_rate``, and never above ``sequential`` (the same depth's
+    sequential bytes/s: what the model prices long runs with too). A disk
+    whose large reads take no longer than small ones (or a file too small
+    to tell) gets ``sequential``."""
     extra = 1.0 / large_rate - 1.0 / small_rate
     if large_bytes <= _IOPS_READ_BYTES or extra <= 0:
         return sequential
-    return (large_bytes - _IOPS_READ_BYTES) / extra
+    return min(sequential, (large_bytes - _IOPS_READ_BYTES) / extra)
 
 
 def choose_depth(sweep: dict[int, float]) -> int:

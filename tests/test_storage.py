@@ -677,6 +677,8 @@ def test_disk_model_chooses_the_depth_where_reads_stop_growing(disk_dir):
     assert [depth for depth, _ in model.through_sweep] == list(DEPTHS)
     through = dict(model.through_sweep)
     assert model.bandwidth == through[model.queue_depth] > 0
+    assert all(rate <= sequential for (_, rate), (_, _, sequential) in
+               zip(model.through_sweep, model.run_sweep, strict=True))
     assert model.gap_bytes == int(model.bandwidth / model.iops)
     assert "read through" in model.describe()
     assert "read-through GB/s per depth" in model.describe_sweep()
@@ -715,6 +717,8 @@ def test_a_byte_read_through_is_priced_by_random_reads_not_sequential():
     # sequential stream.
     rate = through_rate(80_000.0, 1e6 / 170, 256 << 10, 2.1e9)
     assert rate == pytest.approx((256 - 4) * 1024 / 157.5e-6)
+    # Never above the same depth's sequential rate (long runs pay that).
+    assert through_rate(80_000.0, 1e6 / 170, 256 << 10, 1.2e9) == 1.2e9
     # Large reads no slower than small ones: nothing to tell, sequential.
     assert through_rate(1000.0, 1000.0, 256 << 10, 2.1e9) == 2.1e9
     assert through_rate(1000.0, 10.0, 4096, 2.1e9) == 2.1e9

@@ -71,7 +71,7 @@ __all__ = ["BLOCK_SIZES", "DEPTHS", "RUN_SIZES", "THROUGH_BYTES",
            "disk_model", "measure_disk", "read_plan", "through_rate"]
 
 #: Version of the cached measurement; older caches are measured again.
-_MODEL_VERSION = 6
+_MODEL_VERSION = 7
 _IOPS_READ_BYTES = 4096
 _PROBE_SIZES = (512, 1024, 2048, 4096)
 #: Logical block sizes a model may hold: what `measure_disk` can find.

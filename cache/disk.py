@@ -42,9 +42,10 @@ gap shorter than ``bandwidth / iops`` bytes, and measured at depth 4 on a
 disk that serves 4x the reads/s at depth 64, that gap is 4x too long and
 every batch reads bytes it does not need.
 
-`read_plan` is the planner's first step, shared by the storage tier and the
-analysis: the block runs a set of rows needs under a gap rule, and what
-they cost in requests and bytes.
+`read_plan` (`hmgraph.cache.readplan`, imported here) is the planner's
+first step, shared by the storage tier and the analysis: the block runs a
+set of rows needs under a gap rule, and what they cost in requests and
+bytes.
 """
 
 from __future__ import annotations
@@ -208,7 +209,7 @@ class DiskModel:
 
     def describe(self) -> str:
         """One line for logs and reports."""
-        if self.through_sweep:
+        if self.through_sweep and self.run_sweep:
             depth, _, rate = max(self.run_sweep, key=lambda c: c[2])
             moves = (f"{self.bandwidth / 1e9:.2f} GB/s read through, "
                      f"{rate / 1e9:.2f} GB/s sequential at depth {depth}")
@@ -345,28 +346,28 @@ def measure_disk(path: str | os.PathLike, queue_depth: int | None = None,
         # Sizes and depths interleaved over rounds, each cell's best
         # round kept: a virtual disk's bandwidth wavers, and one slow
         # moment should not decide the depth or the request size.
-        # Random reads of THROUGH_BYTES ("through") beside them.
+        # Random reads of THROUGH_BYTES beside them, per depth.
         large = min(THROUGH_BYTES, size - size % PAGE_BYTES)
         spots = rng.integers(0, (size - large) // PAGE_BYTES + 1,
                              1 << 16) * PAGE_BYTES
-        cells = {(d, length): 0.0 for d in depths
-                 for length in (*RUN_SIZES, "through")}
-        each = seconds / 2 / len(cells) / _RUN_ROUNDS
+        cells = {(d, length): 0.0 for d in depths for length in RUN_SIZES}
+        random_reads = dict.fromkeys(depths, 0.0)
+        each = seconds / 2 / (len(cells) + len(depths)) / _RUN_ROUNDS
         for _ in range(_RUN_ROUNDS):
             for d, length in cells:
-                rate = large * reads_per_second(
-                    fd, spots, large, d, each) if length == "through" \
-                    else _bytes_per_second(fd, size, length, d, each)
-                cells[d, length] = max(cells[d, length], rate)
+                cells[d, length] = max(cells[d, length], _bytes_per_second(
+                    fd, size, length, d, each))
+            for d in depths:
+                random_reads[d] = max(random_reads[d], reads_per_second(
+                    fd, spots, large, d, each))
     finally:
         os.close(fd)
     runs = tuple(max(((d, length, rate) for (d_, length), rate in
-                      cells.items() if d_ == d and length != "through"),
-                     key=lambda cell: cell[2]) for d in depths)
-    _, run, sequential = max(runs, key=lambda cell: cell[2])
-    through = tuple((d, through_rate(
-        sweep[d], cells[d, "through"] / large, large,
-        next(rate for d_, _, rate in runs if d_ == d))) for d in depths)
+                      cells.items() if d_ == d), key=lambda cell: cell[2])
+                 for d in depths)
+    run = max(runs, key=lambda cell: cell[2])[1]
+    through = tuple((d, through_rate(sweep[d], random_reads[d], large,
+                                     sequential)) for d, _, sequential in runs)
     return DiskModel(block, sweep[depth], dict(through)[depth], depth,
                      device,
                      tuple(sorted(sweep.items())) if len(sweep) > 1 else (),

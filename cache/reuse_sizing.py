@@ -58,7 +58,8 @@ def reuse_profile(trace: Sequence[torch.Tensor], levels: int,
     dict
         ``rows_per_level`` (the most rows held at once, split evenly over
         the levels, which share them), ``reuse_rate`` (share of requested
-        rows reused).
+        rows reused), ``rows_per_batch`` (mean rows requested) and
+        ``kept_per_batch`` (mean rows a batch keeps).
     """
     def kept(t, distance):
         if t + distance >= len(trace):
@@ -68,7 +69,7 @@ def reuse_profile(trace: Sequence[torch.Tensor], levels: int,
     requested = sum(ids.numel() for ids in trace)
     if resident is not None:
         trace = [ids[~resident[ids]] for ids in trace]
-    most = reused = 0
+    most = reused = stored = 0
     later = 0  # rows the last batch kept for the batch after next only
     for t, ids in enumerate(trace):
         recent = trace[max(0, t - levels):t]
@@ -77,9 +78,14 @@ def reuse_profile(trace: Sequence[torch.Tensor], levels: int,
                 list(recent))))[0].sum())
         upcoming = kept(t, 1)
         held = int(upcoming.sum())
+        stored += held
         if levels == 2:
             after = int((kept(t, 2) & ~upcoming).sum())
             held, later = held + after + later, after
+            stored += after
         most = max(most, held)
+    batches = max(1, len(trace))
     return {"rows_per_level": [-(-most // levels)] * levels,
-            "reuse_rate": reused / requested if requested else 0.0}
+            "reuse_rate": reused / requested if requested else 0.0,
+            "rows_per_batch": requested / batches,
+            "kept_per_batch": stored / batches}

@@ -12,21 +12,33 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 import torch
 
+from hmgraph.cache.costs import (
+    KernelCosts,
+    measure_kernel_costs,
+    random_rows,
+    reuse_verdict,
+    reused_rows,
+    spared_read_seconds,
+    window_verdict,
+)
 from hmgraph.cache.feature import Feature, TensorFeature
 from hmgraph.cache.plan import (
     STAGING_ROW_SHARE_MAX,
     CachePlan,
     build_cache,
     make_plan,
+    replay,
     row_share,
 )
-from hmgraph.cache.policies import POLICIES, layer_aware_score
-from hmgraph.cache.reuse import REUSE_LEVELS, BatchReuse
+from hmgraph.cache.policies import POLICIES, layer_aware_score, make_policy
+from hmgraph.cache.reuse import REUSE_LEVELS, BatchReuse, reuse_profile
+from hmgraph.cache.trace_replay import split_profile
 from hmgraph.memory import release_freed_memory
 
 log = logging.getLogger(__name__)
@@ -45,6 +57,9 @@ PROFILE_NEEDS = frozenset({"hotness", "hop_counts"})
 #: Policies planned from a profiling pass with the real sampler.
 PROFILED_POLICIES = tuple(name for name, cls in POLICIES.items()
                           if cls.needs & PROFILE_NEEDS)
+
+
+_REUSE_NAMES = {levels: name for name, levels in REUSE_LEVELS.items()}
 
 
 def _needs(policy: str) -> frozenset:
@@ -141,8 +156,8 @@ class CacheBuilder:
         for ntype, source in sources.items():
             share = source.num_rows * source.row_bytes / max(total, 1)
             plan = self._plan(source, cache, int(device_budget_bytes * share),
-                              int(host_budget_bytes * share), window,
-                              REUSE_LEVELS[reuse], staging)
+                              int(host_budget_bytes * share), window, reuse,
+                              staging)
             built.plan[ntype] = plan
             built.cache[ntype] = self._cache(ntype, source, plan)
             built.feature[ntype] = self._reads_from(
@@ -155,10 +170,11 @@ class CacheBuilder:
         return built
 
     def _plan(self, source, cache, device_budget_bytes, host_budget_bytes,
-              window, levels, staging) -> CachePlan:
+              window, reuse, staging) -> CachePlan:
         policy = cache.policy if isinstance(cache, CachePlan) else \
             "none" if cache is None else cache
-        profiled = bool(_needs(policy) & PROFILE_NEEDS) or levels > 0
+        levels = REUSE_LEVELS.get(reuse, 0)
+        profiled = bool(_needs(policy) & PROFILE_NEEDS) or reuse != "none"
         if profiled and not self.homogeneous:
             raise ValueError(
                 f"cache {policy!r} (or reuse) profiles a homogeneous graph; "
@@ -175,13 +191,72 @@ class CacheBuilder:
                     f"plan is for {cache.num_rows} rows, features have "
                     f"{source.num_rows}")
             return cache
-        return make_plan(
-            policy, source.num_rows, source.row_bytes, device_budget_bytes,
-            host_budget_bytes, counts=self._hotness(),
+        plan = partial(
+            make_plan, policy, source.num_rows, source.row_bytes,
+            device_budget_bytes, host_budget_bytes, counts=self._hotness(),
             trace=() if self.profile is None else self.profile.trace,
-            window=4 if window is None else window, reuse_levels=levels,
             staging=staging, trace_covers_epoch=self.profile is not None
             and self.profile.num_batches >= self.num_batches)
+        chosen = plan(window=4 if window is None else window,
+                      reuse_levels=levels)
+        if reuse == "auto":
+            levels = self._reuse_pays(source, chosen)
+            if levels:
+                chosen = plan(window=4 if window is None else window,
+                              reuse_levels=levels)
+        elif levels:
+            self._reuse_pays(source, chosen, forced=reuse)
+        if window is None and not staging and not levels and chosen.window:
+            chosen = self._window_pays(source, chosen)
+        return chosen
+
+    def _costs(self, source) -> KernelCosts:
+        """This machine's kernel costs for ``source``'s rows."""
+        return measure_kernel_costs(source.row_bytes, str(self.device))
+
+    def _reuse_pays(self, source, plan: CachePlan,
+                    forced: str | None = None) -> int:
+        """Reuse levels that pay on the profile (0: none), of 1 and 2,
+        the one saving the most; said in one log line. ``plan`` is the
+        cache without reuse (its misses are the reads reuse spares), or,
+        ``forced``, with the levels asked for, which are judged and
+        kept."""
+        costs, trace = self._costs(source), self.profile.trace
+        hit = _hit_rate(plan)
+        verdicts = {}
+        for n in [plan.reuse_levels] if forced else [1, 2]:
+            spared = spared_read_seconds(source, trace, 1.0 - hit,
+                                         reused_rows(trace, n))
+            verdicts[n] = reuse_verdict(n, reuse_profile(trace, n), costs,
+                                        hit, spared)
+        best = max(verdicts, key=lambda n: verdicts[n].saves -
+                   verdicts[n].costs)
+        log.info("%s", verdicts[best].describe(
+            f"reuse={forced or _REUSE_NAMES[best]!r}", bool(forced)))
+        return best if verdicts[best].pays else 0
+
+    def _window_pays(self, source, plan: CachePlan) -> CachePlan:
+        """``plan``, or ``plan`` with no lookahead where the window saves
+        less than it costs: the hits its static split gains with the
+        window over none, replayed on the profile as the split was
+        chosen (`choose_static_rows`); said in one log line."""
+        trace = list(self.profile.trace) if self.profile is not None else []
+        with_window = _hit_rate(plan)
+        without = with_window
+        if len(trace) >= 2:
+            hotness, held_out = split_profile(trace, plan.num_rows)
+            without = replay(make_policy(
+                plan.policy, plan.num_rows, plan.device_rows + plan.host_rows,
+                hotness=hotness, static_rows=plan.static_rows, window=0),
+                held_out)
+        miss, gained = 1.0 - without, max(0.0, with_window - without)
+        rows = float(np.mean([len(ids) for ids in trace])) if trace else 0.0
+        spared = spared_read_seconds(source, trace, miss, random_rows(
+            gained / miss if miss else 0.0))
+        verdict = window_verdict(plan.window, rows, gained,
+                                 self._costs(source), spared)
+        log.info("%s", verdict.describe(f"window={plan.window}"))
+        return plan if verdict.pays else replace(plan, window=0)
 
     def _cache(self, ntype, source, plan: CachePlan):
         """The cache ``plan`` lays out over ``source``."""
@@ -254,6 +329,16 @@ class CacheBuilder:
         dgl.seed(int(np.random.randint(0, 2**31 - 1)))
         log.info("profiled %d batches in %.1f s", self.profile.num_batches,
                  time.perf_counter() - start)
+
+
+def _hit_rate(plan: CachePlan) -> float:
+    """``plan``'s profiled hit rate: its chosen split's on the replayed
+    curve, else the share of rows its tiers hold."""
+    for point in plan.curve:
+        if point["static_rows"] == plan.static_rows:
+            return point["hit_rate"]
+    held = plan.device_rows + plan.host_rows
+    return min(1.0, held / plan.num_rows) if plan.num_rows else 0.0
 
 
 def gpu_cache_budget(gpu_cache, budget: int, device: torch.device,

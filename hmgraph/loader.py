@@ -91,13 +91,14 @@ class DataLoader:
         Batches sampled and fetched ahead in background threads; 0 runs
         every stage in the training thread, as DGL on the CPU.
     window : int, optional
-        Lookahead batches given to the cache and to batch reuse
-        (default: the plan's, and at least the reuse levels).
+        Lookahead batches for the cache and batch reuse; default 4 where
+        it pays on this machine (`hmgraph.cache.costs`), else 0.
     profile_batches : int
         Batches sampled to profile row accesses for the plan.
     reuse : str
         Batch reuse: ``"none"``, ``"one-level"`` or ``"two-level"`` (rows
-        of the previous batches stay on the device).
+        of the previous batches stay on the device), or ``"auto"``: the
+        levels that pay on this machine (`hmgraph.cache.costs`).
     placement : str
         How profiled rows rank for static placement: ``"frequency"`` or
         ``"layer-aware"`` (per-hop need, hops near the seeds first).

@@ -33,9 +33,9 @@ def check_arguments(batch_size, prefetch: int, placement: str,
     if placement not in PLACEMENTS:
         raise ValueError(f"unknown placement {placement!r}; available: "
                          f"{', '.join(PLACEMENTS)}")
-    if reuse not in REUSE_LEVELS:
+    if reuse not in REUSE_LEVELS and reuse != "auto":
         raise ValueError(f"unknown reuse {reuse!r}; available: "
-                         f"{', '.join(REUSE_LEVELS)}")
+                         f"{', '.join(REUSE_LEVELS)}, auto")
 
 
 def gpu_options(device: torch.device, use_uva: bool, num_workers: int,

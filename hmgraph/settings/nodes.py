@@ -184,13 +184,15 @@ class CacheSettings:
         "auto", "host tier memory, same forms, or auto (default: with "
         "features on disk, what is free after the graph, the working set "
         "and 2 GiB; with features in memory, 0)")
-    # 4, as measured on synth-papers (30 batches): 16 read a third fewer
-    # bytes but its per-batch work cost more than that on two cores
-    # (bench/results/cache_policies-synth-papers-windows.md).
-    window: int = setting(4, "lookahead batches for the hmgraph cache",
-                          type=non_negative_int)
-    reuse: str = setting("none", "keep rows of recent batches on the device",
-                         choices=["none", "one-level", "two-level"])
+    # None: 4 (bench/results/cache_policies-synth-papers-windows.md) where
+    # staging or reuse needs it or its hits pay for its work on this
+    # machine (hmgraph.cache.costs), else 0.
+    window: int | None = setting(
+        None, "lookahead batches for the hmgraph cache (default: 4 where "
+        "it pays on this machine, else 0)", type=non_negative_int)
+    reuse: str = setting("none", "keep rows of recent batches on the device "
+                         "(auto: the levels that pay on this machine)",
+                         choices=["none", "one-level", "two-level", "auto"])
     placement: str = setting("frequency", "rank of rows for static placement",
                              choices=["frequency", "layer-aware"])
     profile_batches: int = setting(32, "batches sampled to plan the cache",

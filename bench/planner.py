@@ -111,6 +111,7 @@ def _measure_disk(args) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    environment = common.environment()  # its load average: at the start
     if "disk" in args.placements:
         common.isolated(_measure_disk, args)
     base = common.isolated(_dgl, args)
@@ -137,9 +138,9 @@ def main(argv=None) -> int:
         f"model), prefetch 0, hmgraph cache with device "
         f"{args.device_budget} + host {args.host_budget} of the feature "
         f"bytes; forced: {FORCED}; planned: {PLANNED}; "
-        f"{common.environment_text(common.environment())}.\n\n{table}\n\n"
+        f"{common.environment_text(environment)}.\n\n{table}\n\n"
         f"The planner's lines (`hmgraph.cache.costs`):\n\n{said}\n")
-    result = {"args": vars(args), "environment": common.environment(),
+    result = {"args": vars(args), "environment": environment,
               "records": rows}
     return common.finish(result, markdown, args.out)
 

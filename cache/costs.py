@@ -155,7 +155,8 @@ def measure_kernel_costs(row_bytes: int, device: str = "cpu") -> KernelCosts:
     -------
     KernelCosts
         Cached for the process: the same arguments are timed once (some
-        100 ms, most of it the tables' first touch).
+        0.1 s once the kernels are loaded, most of it the tables' first
+        touch).
     """
     if row_bytes <= 0:
         raise ValueError(f"row_bytes must be positive, got {row_bytes}")

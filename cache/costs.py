@@ -31,7 +31,7 @@ import torch
 from hmgraph.cache import reuse_engine
 from hmgraph.cache.feature import Feature, TensorFeature
 from hmgraph.cache.readplan import read_plan
-from hmgraph.cache.reuse_sizing import member
+from hmgraph.cache.reuse_sizing import reused_in
 
 __all__ = ["KernelCosts", "Verdict", "measure_kernel_costs", "random_rows",
            "reuse_verdict", "reused_rows", "spared_read_seconds",
@@ -64,7 +64,7 @@ class KernelCosts:
         sort_rest`), per id.
     copy_row : float
         One row of ``row_bytes`` copied from a random row of a buffer
-        (`reuse_engine.gather_batch`), per row.
+        (`reuse_engine.gather_reused`), per row.
     row_bytes : int
         The row size ``copy_row`` was timed with.
     transfer_bytes_per_s : float or None
@@ -94,7 +94,8 @@ class Verdict:
     Attributes
     ----------
     mechanism : str
-        Its name as the log says it (``"batch reuse"``, ``"window"``).
+        Its name as the log says it (``"batch reuse (two-level)"``,
+        ``"window of 4"``).
     saves, costs : float
         Seconds per batch.
     detail : str
@@ -270,13 +271,9 @@ def spared_read_seconds(source: Feature, trace, miss_share: float,
 def reused_rows(trace, levels: int):
     """``spared`` of `spared_read_seconds` for batch reuse: the rows of
     batch ``t`` that one of the ``levels`` batches before it asked for
-    (as `hmgraph.cache.reuse_sizing.reuse_profile` counts them)."""
-    def spared(t, ids):
-        recent = trace[max(0, t - levels):t]
-        if not recent:
-            return np.zeros(len(ids), dtype=bool)
-        return member(ids, torch.unique(torch.cat(list(recent))))[0].numpy()
-    return spared
+    (`hmgraph.cache.reuse_sizing.reused_in`, as `reuse_profile` counts
+    them)."""
+    return lambda t, ids: reused_in(trace, t, levels).numpy()
 
 
 def random_rows(share: float, seed: int = 1):
@@ -287,7 +284,7 @@ def random_rows(share: float, seed: int = 1):
 
 
 def reuse_verdict(levels: int, sizing: dict, costs: KernelCosts,
-                  hit_rate: float, read_s: float) -> Verdict:
+                  hit_rate: float, read_s: float, num_rows: int) -> Verdict:
     """Batch reuse's seconds per batch on the profile.
 
     Parameters
@@ -304,6 +301,8 @@ def reuse_verdict(levels: int, sizing: dict, costs: KernelCosts,
     read_s : float
         Storage seconds per batch the reused rows spare
         (`spared_read_seconds` with `reused_rows`).
+    num_rows : int
+        Nodes of the graph: the ids' digits the radix sort passes over.
 
     Returns
     -------
@@ -320,7 +319,7 @@ def reuse_verdict(levels: int, sizing: dict, costs: KernelCosts,
     rows = sizing["rows_per_batch"]
     reused = sizing["reuse_rate"] * rows
     kept = sizing["kept_per_batch"]
-    passes = reuse_engine.radix_passes(_TABLE_ROWS)
+    passes = reuse_engine.radix_passes(num_rows)
     saves = reused * (costs.copy_row + costs.transfer_row()) + read_s
     spends = (rows * (costs.scan + levels * costs.stamp)
               + (rows - reused) * passes * costs.sort_pass

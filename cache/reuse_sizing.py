@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["member", "reuse_profile"]
+__all__ = ["member", "reuse_profile", "reused_in"]
 
 
 def member(ids: torch.Tensor, sorted_ids: torch.Tensor):
@@ -31,6 +31,16 @@ def member(ids: torch.Tensor, sorted_ids: torch.Tensor):
     position = position.clamp_(max=sorted_ids.numel() - 1)
     found = sorted_ids[position] == ids
     return found, position[found]
+
+
+def reused_in(trace: Sequence[torch.Tensor], t: int,
+              levels: int) -> torch.Tensor:
+    """Bool per id of batch ``t`` of ``trace``: the rows one of the
+    ``levels`` batches before it asked for, which batch reuse serves."""
+    recent = trace[max(0, t - levels):t]
+    if not recent:
+        return torch.zeros(len(trace[t]), dtype=torch.bool)
+    return member(trace[t], torch.unique(torch.cat(list(recent))))[0]
 
 
 def reuse_profile(trace: Sequence[torch.Tensor], levels: int,
@@ -71,11 +81,8 @@ def reuse_profile(trace: Sequence[torch.Tensor], levels: int,
         trace = [ids[~resident[ids]] for ids in trace]
     most = reused = stored = 0
     later = 0  # rows the last batch kept for the batch after next only
-    for t, ids in enumerate(trace):
-        recent = trace[max(0, t - levels):t]
-        if recent:
-            reused += int(member(ids, torch.unique(torch.cat(
-                list(recent))))[0].sum())
+    for t in range(len(trace)):
+        reused += int(reused_in(trace, t, levels).sum())
         upcoming = kept(t, 1)
         held = int(upcoming.sum())
         stored += held

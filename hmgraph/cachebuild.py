@@ -181,9 +181,9 @@ class CacheBuilder:
                 f"on heterographs use 'lru', 'clock', 'degree' or None")
         if profiled:
             self._profile()
+        asked = 4 if window is None else window  # None: 4, then judged
         if staging is None:
-            looks_ahead = (4 if window is None else window) > 0
-            staging = STAGING_SHARE if looks_ahead and hasattr(
+            staging = STAGING_SHARE if asked > 0 and hasattr(
                 source, "read_along") and self._staging_pays(source) else 0.0
         if isinstance(cache, CachePlan):
             if cache.num_rows != source.num_rows:
@@ -197,13 +197,11 @@ class CacheBuilder:
             trace=() if self.profile is None else self.profile.trace,
             staging=staging, trace_covers_epoch=self.profile is not None
             and self.profile.num_batches >= self.num_batches)
-        chosen = plan(window=4 if window is None else window,
-                      reuse_levels=levels)
+        chosen = plan(window=asked, reuse_levels=levels)
         if reuse == "auto":
             levels = self._reuse_pays(source, chosen)
             if levels:
-                chosen = plan(window=4 if window is None else window,
-                              reuse_levels=levels)
+                chosen = plan(window=asked, reuse_levels=levels)
         elif levels:
             self._reuse_pays(source, chosen, forced=reuse)
         if window is None and not staging and not levels and chosen.window:
@@ -228,7 +226,7 @@ class CacheBuilder:
             spared = spared_read_seconds(source, trace, 1.0 - hit,
                                          reused_rows(trace, n))
             verdicts[n] = reuse_verdict(n, reuse_profile(trace, n), costs,
-                                        hit, spared)
+                                        hit, spared, plan.num_rows)
         best = max(verdicts, key=lambda n: verdicts[n].saves -
                    verdicts[n].costs)
         log.info("%s", verdicts[best].describe(

@@ -72,22 +72,24 @@ def test_reuse_verdict_prices_the_work_and_what_it_spares():
               "kept_per_batch": 600.0}
     # In memory on a CPU: a reused row spares one gather (40 ns) and
     # costs a scan, stamps, copies: it never pays.
-    memory = reuse_verdict(1, sizing, COSTS, hit_rate=0.2, read_s=0.0)
+    memory = reuse_verdict(1, sizing, COSTS, hit_rate=0.2, read_s=0.0,
+                           num_rows=1 << 22)
     assert memory.saves == pytest.approx(500 * 40e-9)
-    passes = 2  # 22-bit ids in the timed table, 11 bits a pass
+    passes = 2  # 22-bit ids, 11 bits a pass
     assert memory.costs == pytest.approx(
         1000 * (10e-9 + 5e-9) + 500 * passes * 2e-9 + 500 * 40e-9
         + 600 * (40e-9 + 5e-9))
     assert not memory.pays
     # Sparing 1 ms of reads a batch, it pays.
-    disk = reuse_verdict(2, sizing, COSTS, hit_rate=0.2, read_s=1e-3)
+    disk = reuse_verdict(2, sizing, COSTS, hit_rate=0.2, read_s=1e-3,
+                         num_rows=1 << 22)
     assert disk.saves == pytest.approx(500 * 40e-9 + 1e-3)
     assert disk.pays and disk.mechanism == "batch reuse (two-level)"
     assert "1.00 ms of reads spared" in disk.detail
     # A transfer spared counts too.
     gpu = KernelCosts(**{**COSTS.__dict__, "transfer_bytes_per_s": 400e6})
-    assert reuse_verdict(1, sizing, gpu, 1.0, 0.0).saves == pytest.approx(
-        500 * (40e-9 + 1e-6))
+    spared = reuse_verdict(1, sizing, gpu, 1.0, 0.0, 1 << 22)
+    assert spared.saves == pytest.approx(500 * (40e-9 + 1e-6))
 
 
 def test_window_verdict():

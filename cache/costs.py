@@ -33,9 +33,9 @@ from hmgraph.cache.feature import Feature, TensorFeature
 from hmgraph.cache.readplan import read_plan
 from hmgraph.cache.reuse_sizing import reused_in
 
-__all__ = ["KernelCosts", "Verdict", "measure_kernel_costs", "random_rows",
-           "reuse_verdict", "reused_rows", "spared_read_seconds",
-           "window_verdict"]
+__all__ = ["KernelCosts", "Verdict", "lost_hit_share", "measure_kernel_costs",
+           "random_rows", "reuse_verdict", "reused_rows",
+           "spared_read_seconds", "window_verdict"]
 
 #: Rows of the table the kernels are timed on (48 MB at 12 bytes a
 #: node): past the last-level cache, so an id's lookup is a memory access
@@ -283,8 +283,32 @@ def random_rows(share: float, seed: int = 1):
     return lambda t, ids: rng.random(len(ids)) < share
 
 
+def lost_hit_share(counts: torch.Tensor, score: torch.Tensor, held: int,
+                   kept: int) -> float:
+    """Share of the profiled requests a cache stops serving when it holds
+    ``kept`` rows instead of ``held``: those of the rows ranked ``kept``
+    to ``held`` by ``score`` (the placement's, highest held first).
+
+    Parameters
+    ----------
+    counts : torch.Tensor
+        Profiled requests per row.
+    score : torch.Tensor
+        The placement's score per row (the counts, or the layer-aware
+        score).
+    held, kept : int
+        Rows the cache holds without and with the change.
+    """
+    if kept >= held or not len(counts):
+        return 0.0
+    order = torch.argsort(score, descending=True, stable=True)[kept:held]
+    total = float(counts.sum())
+    return float(counts[order].sum()) / total if total else 0.0
+
+
 def reuse_verdict(levels: int, sizing: dict, costs: KernelCosts,
-                  hit_rate: float, read_s: float, num_rows: int) -> Verdict:
+                  hit_rate: float, read_s: float, num_rows: int,
+                  lost: float = 0.0, lost_read_s: float = 0.0) -> Verdict:
     """Batch reuse's seconds per batch on the profile.
 
     Parameters
@@ -303,6 +327,12 @@ def reuse_verdict(levels: int, sizing: dict, costs: KernelCosts,
         (`spared_read_seconds` with `reused_rows`).
     num_rows : int
         Nodes of the graph: the ids' digits the radix sort passes over.
+    lost : float
+        Share of a batch's rows the cache below no longer serves because
+        the ring and id table take its device room (`lost_hit_share`).
+    lost_read_s : float
+        Storage seconds per batch those rows add (`spared_read_seconds`
+        with `random_rows`).
 
     Returns
     -------
@@ -314,7 +344,9 @@ def reuse_verdict(levels: int, sizing: dict, costs: KernelCosts,
     transfer to the device; and ``read_s``. Spent per batch: one scan of
     the batch's ids, stamps of the next ``levels`` batches' ids, a radix
     sort of the rest, a copy of each reused row out of the ring and of
-    each kept row into it (with its table entry written).
+    each kept row into it (with its table entry written); and the device
+    room the ring takes from the cache: a transfer per row it no longer
+    serves, and ``lost_read_s``.
     """
     rows = sizing["rows_per_batch"]
     reused = sizing["reuse_rate"] * rows
@@ -324,13 +356,16 @@ def reuse_verdict(levels: int, sizing: dict, costs: KernelCosts,
     spends = (rows * (costs.scan + levels * costs.stamp)
               + (rows - reused) * passes * costs.sort_pass
               + reused * costs.copy_row + kept * (costs.copy_row
-                                                  + costs.stamp))
+                                                  + costs.stamp)
+              + lost * rows * costs.transfer_row() + lost_read_s)
     name = {1: "one-level", 2: "two-level"}[levels]
     return Verdict(
         f"batch reuse ({name})", saves, spends,
         f"{100 * sizing['reuse_rate']:.0f}% of {rows:,.0f} rows a batch "
-        f"reused, {kept:,.0f} kept, cache hit rate {100 * hit_rate:.0f}%, "
-        f"{1e3 * read_s:.2f} ms of reads spared")
+        f"reused, {kept:,.0f} kept, cache hit rate {100 * hit_rate:.0f}% "
+        f"({100 * lost:.1f}% of rows lost to the ring), "
+        f"{1e3 * read_s:.2f} ms of reads spared, {1e3 * lost_read_s:.2f} "
+        f"ms added")
 
 
 def window_verdict(window: int, rows_per_batch: float, hits_gained: float,

@@ -20,6 +20,7 @@ import torch
 
 from hmgraph.cache.costs import (
     KernelCosts,
+    lost_hit_share,
     measure_kernel_costs,
     random_rows,
     reuse_verdict,
@@ -197,13 +198,20 @@ class CacheBuilder:
             trace=() if self.profile is None else self.profile.trace,
             staging=staging, trace_covers_epoch=self.profile is not None
             and self.profile.num_batches >= self.num_batches)
-        chosen = plan(window=asked, reuse_levels=levels)
+        plans = {0: plan(window=asked)}
+        for n in (1, 2) if reuse == "auto" else (levels,) if levels else ():
+            try:
+                plans[n] = plan(window=asked, reuse_levels=n)
+            except ValueError as error:  # the budget does not fit it
+                if reuse != "auto":
+                    raise
+                log.info("batch reuse (%s) not planned: %s",
+                         _REUSE_NAMES[n], error)
         if reuse == "auto":
-            levels = self._reuse_pays(source, chosen)
-            if levels:
-                chosen = plan(window=asked, reuse_levels=levels)
+            levels = self._reuse_pays(source, plans)
         elif levels:
-            self._reuse_pays(source, chosen, forced=reuse)
+            self._reuse_pays(source, plans, forced=reuse)
+        chosen = plans[levels]
         if window is None and not staging and not levels and chosen.window:
             chosen = self._window_pays(source, chosen)
         return chosen
@@ -212,21 +220,32 @@ class CacheBuilder:
         """This machine's kernel costs for ``source``'s rows."""
         return measure_kernel_costs(source.row_bytes, str(self.device))
 
-    def _reuse_pays(self, source, plan: CachePlan,
+    def _reuse_pays(self, source, plans: dict,
                     forced: str | None = None) -> int:
-        """Reuse levels that pay on the profile (0: none), of 1 and 2,
-        the one saving the most; said in one log line. ``plan`` is the
-        cache without reuse (its misses are the reads reuse spares), or,
-        ``forced``, with the levels asked for, which are judged and
-        kept."""
+        """Reuse levels that pay on the profile (0: none), of those
+        planned besides none (``plans``: levels to `CachePlan`), the one
+        saving the most; said in one log line. The plan without reuse
+        gives the misses reuse spares; the device room each ring takes
+        from the cache is charged to it. ``forced``: the one level asked
+        for is judged and kept."""
         costs, trace = self._costs(source), self.profile.trace
-        hit = _hit_rate(plan)
+        plain = plans[0]
+        hit = _hit_rate(plain)
         verdicts = {}
-        for n in [plan.reuse_levels] if forced else [1, 2]:
-            spared = spared_read_seconds(source, trace, 1.0 - hit,
+        for n in sorted(set(plans) - {0}):
+            lost = lost_hit_share(self.profile.counts, self._hotness(),
+                                  _held(plain), _held(plans[n]))
+            miss = 1.0 - hit + lost
+            added = spared_read_seconds(
+                source, trace, miss, random_rows(lost / miss)) if lost \
+                else 0.0
+            spared = spared_read_seconds(source, trace, miss,
                                          reused_rows(trace, n))
             verdicts[n] = reuse_verdict(n, reuse_profile(trace, n), costs,
-                                        hit, spared, plan.num_rows)
+                                        hit, spared, plain.num_rows,
+                                        lost=lost, lost_read_s=added)
+        if not verdicts:
+            return 0
         best = max(verdicts, key=lambda n: verdicts[n].saves -
                    verdicts[n].costs)
         log.info("%s", verdicts[best].describe(
@@ -329,14 +348,18 @@ class CacheBuilder:
                  time.perf_counter() - start)
 
 
+def _held(plan: CachePlan) -> int:
+    """Rows ``plan``'s tiers hold."""
+    return plan.device_rows + plan.host_rows
+
+
 def _hit_rate(plan: CachePlan) -> float:
     """``plan``'s profiled hit rate: its chosen split's on the replayed
     curve, else the share of rows its tiers hold."""
     for point in plan.curve:
         if point["static_rows"] == plan.static_rows:
             return point["hit_rate"]
-    held = plan.device_rows + plan.host_rows
-    return min(1.0, held / plan.num_rows) if plan.num_rows else 0.0
+    return min(1.0, _held(plan) / plan.num_rows) if plan.num_rows else 0.0
 
 
 def gpu_cache_budget(gpu_cache, budget: int, device: torch.device,

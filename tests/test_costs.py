@@ -13,6 +13,7 @@ import hmgraph
 from hmgraph.cache.costs import (
     KernelCosts,
     Verdict,
+    lost_hit_share,
     measure_kernel_costs,
     random_rows,
     reuse_verdict,
@@ -92,6 +93,44 @@ def test_reuse_verdict_prices_the_work_and_what_it_spares():
     assert spared.saves == pytest.approx(500 * (40e-9 + 1e-6))
 
 
+def test_the_ring_is_charged_the_device_room_it_takes():
+    counts = torch.tensor([5.0, 1.0, 3.0, 1.0])
+    # Held by count: rows 0, 2, then 1 and 3; from 3 rows to 1, rows 2
+    # and 1 (stable) go: 4 of 10 requests.
+    assert lost_hit_share(counts, counts, 3, 1) == pytest.approx(0.4)
+    assert lost_hit_share(counts, counts, 3, 3) == 0
+    # Ranked by another score (layer-aware), its order decides.
+    score = torch.tensor([0.0, 3.0, 2.0, 1.0])
+    assert lost_hit_share(counts, score, 2, 1) == pytest.approx(0.3)
+    sizing = {"reuse_rate": 0.5, "rows_per_batch": 1000.0,
+              "kept_per_batch": 600.0}
+    gpu = KernelCosts(**{**COSTS.__dict__, "transfer_bytes_per_s": 400e6})
+    free = reuse_verdict(1, sizing, gpu, 0.5, 0.0, 1 << 22)
+    charged = reuse_verdict(1, sizing, gpu, 0.5, 0.0, 1 << 22, lost=0.1,
+                            lost_read_s=2e-3)
+    # 100 rows a batch cross that the device held, and 2 ms of reads.
+    assert charged.costs - free.costs == pytest.approx(100 * 1e-6 + 2e-3)
+    assert charged.saves == free.saves
+    assert "10.0% of rows lost to the ring" in charged.detail
+    assert "2.00 ms added" in charged.detail
+
+
+def test_auto_reuse_skips_levels_the_budget_cannot_hold(tiny, caplog):
+    """A device budget below the id table: ``reuse="auto"`` plans none
+    and says why; an explicit level still refuses the budget."""
+    kwargs = dict(device_budget_bytes=1000)
+    loader = _loader(tiny, caplog, reuse="auto", **kwargs)
+    assert loader.plan["_N"].reuse_levels == 0
+    said = [r.getMessage() for r in caplog.records]
+    assert any(s.startswith("batch reuse (one-level) not planned: ")
+               and "raise it" in s for s in said), said
+    for batch in loader:
+        assert torch.equal(batch.x, tiny.features[batch.input_nodes])
+    loader.close()
+    with pytest.raises(ValueError, match="bytes of device memory for its"):
+        _loader(tiny, caplog, reuse="one-level", **kwargs)
+
+
 def test_window_verdict():
     off = window_verdict(4, 1000.0, 0.0, COSTS, 0.0)
     assert off.saves == 0 and off.costs == pytest.approx(3 * 4 * 1000 * 5e-9)
@@ -140,14 +179,14 @@ def test_reused_rows_are_those_of_the_last_levels_batches():
 
 def _loader(tiny, caplog, **kwargs):
     feature_bytes = tiny.features.numel() * 4
+    kwargs = {"device_budget_bytes": feature_bytes // 2,
+              "host_budget_bytes": feature_bytes // 4, **kwargs}
     with caplog.at_level(logging.INFO, logger="hmgraph.cachebuild"):
         return hmgraph.DataLoader(
             tiny.graph, tiny.split["train"][:700],
             dgl.dataloading.NeighborSampler([4, 4]), batch_size=96,
             shuffle=True, features=tiny.features, cache="hmgraph",
-            device_budget_bytes=feature_bytes // 2,
-            host_budget_bytes=feature_bytes // 4, profile_batches=4,
-            **kwargs)
+            profile_batches=4, **kwargs)
 
 
 def test_features_in_memory_turn_reuse_and_window_off(tiny, caplog):

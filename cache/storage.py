@@ -12,9 +12,9 @@ One read request goes through five steps, all vectorised over the ids:
    blocks, the smallest unit ``O_DIRECT`` can read.
 3. Coalesce the blocks into runs of consecutive blocks, reading short
    gaps through (steps 2-3: `hmgraph.cache.storage_plan`).
-4. Group the runs into tasks of about ``chunk_bytes`` and hand them to a
-   pool of ``num_threads`` threads, each reading in a compiled loop of
-   ``pread`` calls that holds no GIL (`hmgraph.cache.storage_reads`).
+4. Group the runs into tasks of about ``chunk_bytes`` and read them with
+   no GIL held: through io_uring rings, or on ``num_threads`` threads
+   each calling ``pread`` in a compiled loop (`~.storage_reads`).
 5. Copy each row out of its task's buffer straight to its place in the
    output (compiled too): no second pass to reorder them.
 
@@ -23,12 +23,10 @@ many requests to keep in flight come from the disk's measured model
 (`hmgraph.cache.disk`), not from guesses.
 
 The counters (`StorageStats`, kept in `hmgraph.cache.counters`) are in the
-disk's units: requests (``pread`` calls), blocks and bytes read, the
-bytes of the rows served, their ratio (read amplification), and the
-model's seconds for the reads issued next to the seconds they took.
-
-Where the filesystem refuses ``O_DIRECT`` the tier falls back to buffered
-reads and warns once.
+disk's units: requests, blocks and bytes read, the bytes of the rows
+served, their ratio (read amplification), and the model's seconds for the
+reads issued next to the seconds they took. Where the filesystem refuses
+``O_DIRECT`` the tier reads buffered and warns once.
 """
 
 from __future__ import annotations
@@ -109,6 +107,11 @@ class StorageFeature(Feature):
         Blocks between two wanted blocks are read too when the gap is at
         most this many bytes; default the model's break-even gap
         (`DiskModel.gap_bytes`). 0 reads wanted blocks only.
+    engine : str
+        ``"auto"`` (default): direct reads through io_uring rings where
+        the kernel allows them (`hmgraph.cache.uring`: less CPU a read),
+        else on the threads; ``"threads"``; ``"uring"`` (refused without
+        io_uring). Reads through a buffer always use the threads.
 
     Attributes
     ----------
@@ -153,6 +156,7 @@ class StorageFeature(Feature):
         max_run_bytes: int | None = None,
         chunk_bytes: int | None = None,
         max_gap_bytes: int | None = None,
+        engine: str = "auto",
     ):
         if num_threads is not None and (
                 not isinstance(num_threads, int) or num_threads < 1):
@@ -193,6 +197,10 @@ class StorageFeature(Feature):
             self._set_geometry(num_threads or self.disk.queue_depth,
                                block_bytes, max_run_bytes, chunk_bytes,
                                max_gap_bytes)
+            self._reader = TaskReader(
+                self._fd, self.direct, self.block_bytes, self._row_nbytes,
+                self.num_threads, self.path, self._file_bytes,
+                self._sink_bytes(), engine)
         except BaseException:
             os.close(self._fd)
             self._fd = -1
@@ -203,10 +211,6 @@ class StorageFeature(Feature):
         self._lock = threading.Lock()
         # Batches' rows in reused memory, once nobody holds them.
         self._rows = BufferPool(self.row_shape, self.dtype)
-        self._reader = TaskReader(
-            self._fd, self.direct, self.block_bytes, self._row_nbytes,
-            self.num_threads, self.path, self._file_bytes,
-            self._sink_bytes())
         self._closed = False
 
     def _set_geometry(self, num_threads: int, block_bytes: int | None,
@@ -221,10 +225,7 @@ class StorageFeature(Feature):
         self.num_threads = num_threads
 
     def read(self, ids) -> torch.Tensor:
-        """See `Feature.read`.
-
-        Reads the blocks holding the rows from the file; rows come back on
-        the CPU.
+        """See `Feature.read`: rows from the file's blocks, on the CPU.
 
         Raises
         ------
@@ -410,6 +411,11 @@ class StorageFeature(Feature):
     def _sink_bytes(self) -> int:
         """Bytes of the sink direct reads drop gaps read through into."""
         return max(self._max_gap_blocks, 1) * self.block_bytes
+
+    @property
+    def engine(self) -> str:
+        """``"uring"`` (direct reads through rings) or ``"threads"``."""
+        return self._reader.engine
 
     @property
     def remedy(self) -> str:

@@ -16,6 +16,11 @@ and hands the tasks it plans (`hmgraph.cache.storage_plan`) to a
 - A run the compiled loop reports failed is read again in Python, which
   raises its error (a file found cut short) or goes on (a transient
   error).
+- Where the kernel allows io_uring (``engine="auto"`` or ``"uring"``),
+  direct reads go through rings instead (`hmgraph.cache.uring`): a
+  request's tasks in at most `RING_THREADS` groups, each group's reads
+  kept in flight from one thread, a fraction of the CPU a thread per read
+  costs. Reads through a buffer keep the threads.
 
 Where the filesystem refuses ``O_DIRECT`` the file is read buffered and a
 warning is emitted once.
@@ -35,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hmgraph.cache import uring
 from hmgraph.cache.diskio import (
     IOV_MAX,
     address,
@@ -46,7 +52,14 @@ from hmgraph.cache.engine import scatter_rows
 from hmgraph.cache.format import PAGE_BYTES, REBUILD
 from hmgraph.cache.storage_plan import PiecePlan, ReadTask
 
-__all__ = ["TaskReader", "open_direct"]
+__all__ = ["ENGINES", "RING_THREADS", "TaskReader", "open_direct"]
+
+#: How the storage tier keeps reads in flight: ``"threads"`` (a thread
+#: per read in flight, ``pread``), ``"uring"`` (io_uring rings), or
+#: ``"auto"`` (rings where the kernel allows them, for direct reads).
+ENGINES = ("auto", "threads", "uring")
+#: Threads that drive rings: each keeps its share of the depth in flight.
+RING_THREADS = 2
 
 
 def open_direct(path: Path, direct: bool) -> tuple[int, bool]:
@@ -111,6 +124,8 @@ class TaskReader:
     sink_bytes : int
         Size of the buffer that direct reads drop the gaps they read
         through into: the longest gap read through, at least a block.
+    engine : str
+        One of `ENGINES`.
 
     Attributes
     ----------
@@ -119,11 +134,24 @@ class TaskReader:
     remedy : str
         The way out that the message of a file found cut short names;
         `hmgraph.cache.format.REBUILD` until set.
+    engine : str
+        ``"uring"`` where direct reads go through rings, else
+        ``"threads"``.
+
+    Raises
+    ------
+    OSError
+        If ``engine="uring"`` and the kernel refuses io_uring.
     """
 
     def __init__(self, fd: int, direct: bool, block_bytes: int,
                  row_bytes: int, num_threads: int, path: Path,
-                 file_bytes: int, sink_bytes: int):
+                 file_bytes: int, sink_bytes: int, engine: str = "auto"):
+        if engine not in ENGINES:
+            raise ValueError(f"unknown storage engine {engine!r}; "
+                             f"available: {', '.join(ENGINES)}")
+        if engine == "uring" and not uring.available():
+            uring.Ring(2)  # raises the kernel's refusal
         self.fd = fd
         self.direct = direct
         self.block_bytes = block_bytes
@@ -136,16 +164,37 @@ class TaskReader:
         self._pool = ThreadPoolExecutor(
             num_threads, thread_name_prefix="hmgraph-storage"
         )
+        self.engine = "uring" if direct and (
+            engine == "uring" or engine == "auto" and uring.available()) \
+            else "threads"
+        self._ring_entries = 1 << max(
+            0, int(-(-num_threads // RING_THREADS) - 1).bit_length())
+        self._rings: list[uring.Ring] = []
+        self._ring_pool = ThreadPoolExecutor(
+            RING_THREADS, thread_name_prefix="hmgraph-uring") \
+            if self.engine == "uring" else None
 
     def submit(self, tasks: list[ReadTask], into: tuple) -> list[Future]:
-        """Queue ``tasks`` on the threads (`run_task`); raises
-        ``RuntimeError`` once the pool is shut down."""
+        """Queue ``tasks`` on the threads (`run_task`), or, for direct
+        reads through rings, in groups on the ring threads (`run_ring`);
+        raises ``RuntimeError`` once the pool is shut down."""
+        if self._ring_pool is not None and into[3] is not None and tasks:
+            groups = min(RING_THREADS, len(tasks))
+            depth = -(-len(tasks) // groups)
+            bounds = np.linspace(0, len(tasks), groups + 1).astype(int)
+            return [self._ring_pool.submit(self.run_ring, tasks[a:b], into,
+                                           depth)
+                    for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
         return [self._pool.submit(self.run_task, task, into)
                 for task in tasks]
 
     def shutdown(self) -> None:
-        """Stop the threads once their tasks are done."""
+        """Stop the threads once their tasks are done; close the rings."""
         self._pool.shutdown(wait=True)
+        if self._ring_pool is not None:
+            self._ring_pool.shutdown(wait=True)
+        for ring in self._rings:
+            ring.close()
 
     @staticmethod
     def wait(futures: list[Future]
@@ -207,6 +256,45 @@ class TaskReader:
             self._read_pieces(task, into[:3], counts)
         return (task.blocks, int(counts[0]), int(counts[1]), began,
                 time.perf_counter(), time.thread_time() - cpu)
+
+    def run_ring(self, tasks: list[ReadTask], into: tuple, depth: int
+                 ) -> tuple[int, int, int, float, float, float]:
+        """Read consecutive ``tasks`` straight into their rows' places
+        through this thread's ring, ``depth`` reads in flight
+        (`uring.ring_direct`); where a read fails or comes back short,
+        they are read again through a buffer (`_read_pieces`, which
+        raises a file's error). Returns `run_task`'s tuple for them."""
+        began, cpu = time.perf_counter(), time.thread_time()
+        counts = np.zeros(2, dtype=np.int64)
+        ring = self._ring()
+        _, which, where, bases = into
+        sink, sink_address = self._buffer(self.sink_bytes)
+        reads, first, stop = tasks[0].reads, tasks[0].first, tasks[-1].stop
+        failed = uring.ring_direct(
+            ring.sq, ring.cq, ring.sqes, ring.layout, ring.iov, ring.slots,
+            min(depth, ring.entries), self.fd, reads.run_file,
+            reads.run_bytes, reads.piece_runs[first], reads.piece_runs[stop],
+            reads.row_file, reads.piece_rows[first], reads.piece_rows[stop],
+            self.row_bytes, bases, which, where, sink_address, len(sink),
+            counts)
+        if failed < -1:
+            raise OSError(-2 - failed, f"io_uring_enter on {self.path}: "
+                          f"{os.strerror(-2 - failed)}")
+        if failed >= 0:
+            counts[:] = 0
+            for task in tasks:
+                self._read_pieces(task, into[:3], counts)
+        return (sum(task.blocks for task in tasks), int(counts[0]),
+                int(counts[1]), began, time.perf_counter(),
+                time.thread_time() - cpu)
+
+    def _ring(self) -> uring.Ring:
+        """This thread's ring (set up on first use)."""
+        ring = getattr(self._buffers, "ring", None)
+        if ring is None:
+            ring = self._buffers.ring = uring.Ring(self._ring_entries)
+            self._rings.append(ring)
+        return ring
 
     def _read_direct(self, task: ReadTask, into: tuple,
                      counts: np.ndarray) -> bool:

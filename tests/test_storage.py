@@ -21,7 +21,7 @@ from contract import check_feature_contract
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hmgraph.cache import disk, storage, storage_reads
+from hmgraph.cache import disk, storage, storage_reads, uring
 from hmgraph.cache.disk import (
     DEPTHS,
     RUN_SIZES,
@@ -377,28 +377,37 @@ def test_truncated_file_is_refused(disk_dir):
 
 
 
+ENGINES = ["threads"] + (["uring"] if uring.available() else [])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("fail", [False, True], ids=["direct", "failed"])
 def test_rows_of_whole_blocks_are_read_straight_into_place(
-        disk_dir, monkeypatch, fail):
+        disk_dir, monkeypatch, fail, engine):
     """Rows of whole blocks go straight into the batch's aligned buffer
-    (and into an aligned target of `read_into`) with no copy; gaps read
-    through land in a sink; a direct read that fails or comes back short
-    is read again through a buffer. Every row exact either way; a target
-    that is not block-aligned is read through a buffer."""
+    (and into an aligned target of `read_into`) with no copy, from
+    threads or through io_uring rings; gaps read through land in a sink;
+    a direct read that fails or comes back short is read again through a
+    buffer. Every row exact either way; a target that is not
+    block-aligned is read through a buffer."""
     path = disk_dir / "feat.bin"
     rows = make_rows((3000, 384), np.float32)  # 1536 B: three blocks
     write_feature_file(path, rows)
-    real, calls = storage_reads.read_direct, []
+    # The loop that reads straight into place, and where its runs are.
+    module, name, first = (storage_reads, "read_direct", 3) \
+        if engine == "threads" else (uring, "ring_direct", 10)
+    real, calls = getattr(module, name), []
 
     def spy(*args):
-        calls.append(args[4] - args[3])  # runs in the task
+        calls.append(args[first + 1] - args[first])  # runs in the task
         return 0 if fail else real(*args)
 
-    monkeypatch.setattr(storage_reads, "read_direct", spy)
+    monkeypatch.setattr(module, name, spy)
     ids = torch.from_numpy(np.random.default_rng(0).permutation(3000)[:900])
     with StorageFeature(path, disk=MODEL, max_gap_bytes=4096,
                         max_run_bytes=PAGE_BYTES, chunk_bytes=2 * PAGE_BYTES,
-                        num_threads=3) as feature:
+                        num_threads=3, engine=engine) as feature:
+        assert feature.engine == engine
         got = feature.read(ids)
         assert got.numpy().tobytes() == rows[ids.numpy()].tobytes()
         assert got.data_ptr() % 512 == 0 and sum(calls) > 0

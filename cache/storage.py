@@ -108,10 +108,10 @@ class StorageFeature(Feature):
         most this many bytes; default the model's break-even gap
         (`DiskModel.gap_bytes`). 0 reads wanted blocks only.
     engine : str
-        ``"auto"`` (default): direct reads through io_uring rings where
-        the kernel allows them (`hmgraph.cache.uring`: less CPU a read),
-        else on the threads; ``"threads"``; ``"uring"`` (refused without
-        io_uring). Reads through a buffer always use the threads.
+        ``"auto"`` (default): ``O_DIRECT`` reads through io_uring rings
+        where the kernel allows them (`hmgraph.cache.uring`: less CPU a
+        read, deeper queues), else on the threads; ``"threads"``;
+        ``"uring"`` (refused without io_uring).
 
     Attributes
     ----------
@@ -414,7 +414,7 @@ class StorageFeature(Feature):
 
     @property
     def engine(self) -> str:
-        """``"uring"`` (direct reads through rings) or ``"threads"``."""
+        """``"uring"`` (reads through rings) or ``"threads"``."""
         return self._reader.engine
 
     @property

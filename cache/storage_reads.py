@@ -17,10 +17,11 @@ and hands the tasks it plans (`hmgraph.cache.storage_plan`) to a
   raises its error (a file found cut short) or goes on (a transient
   error).
 - Where the kernel allows io_uring (``engine="auto"`` or ``"uring"``),
-  direct reads go through rings instead (`hmgraph.cache.uring`): a
+  ``O_DIRECT`` reads go through rings instead (`hmgraph.cache.uring`): a
   request's tasks in at most `RING_THREADS` groups, each group's reads
   kept in flight from one thread, a fraction of the CPU a thread per read
-  costs. Reads through a buffer keep the threads.
+  costs; rows straight into place, or into piece buffers copied out as
+  each piece lands while the other reads go on.
 
 Where the filesystem refuses ``O_DIRECT`` the file is read buffered and a
 warning is emitted once.
@@ -56,7 +57,7 @@ __all__ = ["ENGINES", "RING_THREADS", "TaskReader", "open_direct"]
 
 #: How the storage tier keeps reads in flight: ``"threads"`` (a thread
 #: per read in flight, ``pread``), ``"uring"`` (io_uring rings), or
-#: ``"auto"`` (rings where the kernel allows them, for direct reads).
+#: ``"auto"`` (rings where the kernel allows them, for O_DIRECT reads).
 ENGINES = ("auto", "threads", "uring")
 #: Threads that drive rings: each keeps its share of the depth in flight.
 RING_THREADS = 2
@@ -175,10 +176,10 @@ class TaskReader:
             if self.engine == "uring" else None
 
     def submit(self, tasks: list[ReadTask], into: tuple) -> list[Future]:
-        """Queue ``tasks`` on the threads (`run_task`), or, for direct
-        reads through rings, in groups on the ring threads (`run_ring`);
+        """Queue ``tasks`` on the threads (`run_task`), or, through rings,
+        in groups on the ring threads (`run_ring`);
         raises ``RuntimeError`` once the pool is shut down."""
-        if self._ring_pool is not None and into[3] is not None and tasks:
+        if self._ring_pool is not None and tasks:
             groups = min(RING_THREADS, len(tasks))
             depth = -(-len(tasks) // groups)
             bounds = np.linspace(0, len(tasks), groups + 1).astype(int)
@@ -259,24 +260,22 @@ class TaskReader:
 
     def run_ring(self, tasks: list[ReadTask], into: tuple, depth: int
                  ) -> tuple[int, int, int, float, float, float]:
-        """Read consecutive ``tasks`` straight into their rows' places
-        through this thread's ring, ``depth`` reads in flight
-        (`uring.ring_direct`); where a read fails or comes back short,
-        they are read again through a buffer (`_read_pieces`, which
+        """Read consecutive ``tasks`` through this thread's ring, ``depth``
+        reads in flight: straight into their rows' places where `direct
+        bases` allow it (`uring.ring_direct`), else piece by piece through
+        buffers (`uring.ring_pieces`); where a read fails or comes back
+        short, they are read again through a buffer (`_read_pieces`, which
         raises a file's error). Returns `run_task`'s tuple for them."""
         began, cpu = time.perf_counter(), time.thread_time()
         counts = np.zeros(2, dtype=np.int64)
         ring = self._ring()
-        _, which, where, bases = into
-        sink, sink_address = self._buffer(self.sink_bytes)
+        depth = min(depth, ring.entries)
         reads, first, stop = tasks[0].reads, tasks[0].first, tasks[-1].stop
-        failed = uring.ring_direct(
-            ring.sq, ring.cq, ring.sqes, ring.layout, ring.iov, ring.slots,
-            min(depth, ring.entries), self.fd, reads.run_file,
-            reads.run_bytes, reads.piece_runs[first], reads.piece_runs[stop],
-            reads.row_file, reads.piece_rows[first], reads.piece_rows[stop],
-            self.row_bytes, bases, which, where, sink_address, len(sink),
-            counts)
+        if into[3] is not None:
+            failed = self._ring_direct(ring, depth, reads, first, stop,
+                                       into, counts)
+        else:
+            failed = self._ring_pieces(ring, depth, tasks, into, counts)
         if failed < -1:
             raise OSError(-2 - failed, f"io_uring_enter on {self.path}: "
                           f"{os.strerror(-2 - failed)}")
@@ -287,6 +286,36 @@ class TaskReader:
         return (sum(task.blocks for task in tasks), int(counts[0]),
                 int(counts[1]), began, time.perf_counter(),
                 time.thread_time() - cpu)
+
+    def _ring_direct(self, ring, depth, reads, first, stop, into, counts):
+        """`uring.ring_direct` over pieces ``first`` to ``stop - 1``."""
+        _, which, where, bases = into
+        sink, sink_address = self._buffer(self.sink_bytes)
+        return uring.ring_direct(
+            ring.sq, ring.cq, ring.sqes, ring.layout, ring.iov, ring.slots,
+            depth, self.fd, reads.run_file, reads.run_bytes,
+            reads.piece_runs[first], reads.piece_runs[stop], reads.row_file,
+            reads.piece_rows[first], reads.piece_rows[stop], self.row_bytes,
+            bases, which, where, sink_address, len(sink), counts)
+
+    def _ring_pieces(self, ring, depth, tasks, into, counts):
+        """`uring.ring_pieces` over ``tasks``' pieces, with enough piece
+        buffers in this thread's buffer to keep ``depth`` runs in flight
+        (pieces of a few runs each)."""
+        reads, first, stop = tasks[0].reads, tasks[0].first, tasks[-1].stop
+        stride = -(-max(t.buffer_bytes for t in tasks) // PAGE_BYTES) \
+            * PAGE_BYTES
+        runs = int(reads.piece_runs[stop] - reads.piece_runs[first])
+        per_piece = max(1, runs // max(1, stop - first))
+        count = max(2, min(stop - first, -(-depth // per_piece) + 1))
+        view, base = self._buffer(count * stride)
+        targets, which, where = into[:3]
+        return uring.ring_pieces(
+            ring.sq, ring.cq, ring.sqes, ring.layout, ring.slots, depth,
+            self.fd, view[:count * stride], base, stride, reads.run_file,
+            reads.run_bytes, reads.run_buffer, reads.piece_runs,
+            reads.piece_rows, reads.row_offsets, self.row_bytes, targets,
+            which, where, first, stop, counts)
 
     def _ring(self) -> uring.Ring:
         """This thread's ring (set up on first use)."""

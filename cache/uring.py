@@ -9,15 +9,21 @@ model training on every core, that CPU is what the loader takes from it.
 DGL GraphBolt's ``DiskBasedFeature`` and GNNDrive read through io_uring
 for that reason.
 
-`Ring` sets one up (``io_uring_setup``, its three areas mapped), and
-`ring_direct` keeps up to ``depth`` reads of a read plan in flight on it:
-each run one ``IORING_OP_READV`` (or one per `IOV_MAX` pieces of it)
-straight into its rows' places, the gaps read through into a sink, as
-`hmgraph.cache.diskio.read_direct` does with ``preadv``. The loop is
-compiled with numba and holds no GIL; it calls ``io_uring_enter``
-through libc's ``syscall``, which also orders the ring's writes before
-the kernel reads them (no ``SQPOLL``: the kernel looks at the queue only
-inside that call).
+`Ring` sets one up (``io_uring_setup``, its three areas mapped); two
+loops keep up to ``depth`` reads of a read plan in flight on it:
+
+- `ring_direct`: rows of whole blocks, each run one ``IORING_OP_READV``
+  (or one per `IOV_MAX` pieces of it) straight into its rows' places,
+  the gaps read through into a sink, as `hmgraph.cache.diskio.
+  read_direct` does with ``preadv``;
+- `ring_pieces`: other rows, each piece of the plan read into a buffer
+  of its own, its rows copied out as soon as its runs land while the
+  other reads go on (a thread per read copies with its read stopped).
+
+Both are compiled with numba and hold no GIL; they call
+``io_uring_enter`` through libc's ``syscall`` (no ``SQPOLL``: the
+kernel looks at the queue only inside that call), with fences around
+the ring's shared indices.
 
 `available` says whether this kernel and its seccomp policy allow
 io_uring (some containers refuse ``io_uring_setup``); where they do not,
@@ -35,12 +41,13 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from hmgraph.cache.diskio import IOV_MAX
+from hmgraph.cache.engine import scatter_rows
 
-__all__ = ["Ring", "available", "ring_direct"]
+__all__ = ["Ring", "available", "ring_direct", "ring_pieces"]
 
 # The system calls' numbers are the same on every architecture (5.1+).
 _SETUP, _ENTER = 425, 426
-_READV = 1  # IORING_OP_READV
+_READV, _READ = 1, 22  # IORING_OP_READV, IORING_OP_READ
 _GETEVENTS = 1  # IORING_ENTER_GETEVENTS
 _OFF_CQ_RING, _OFF_SQES = 0x8000000, 0x10000000
 _EINTR, _EAGAIN, _EBUSY = 4, 11, 16
@@ -189,14 +196,15 @@ def _iovecs(iov, pos, end, k, row_offsets, row_stop, row_bytes, bases,
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _queue(sq, sqes, layout, fd, offset, iov, n, slot):
-    """Queue one ``READV`` of ``n`` iovecs at file ``offset``, tagged
-    with ``slot``: its entry written, then the tail moved past it."""
+def _queue(sq, sqes, layout, opcode, fd, offset, address, n, slot):
+    """Queue one read at file ``offset`` tagged with ``slot``: ``READV``
+    of ``n`` iovecs at ``address``, or ``READ`` of ``n`` bytes to it; its
+    entry written, then the tail moved past it."""
     tail = np.int64(sq[layout[_SQ_TAIL]])
     index = tail & layout[_SQ_MASK]
-    sqes[index, 0] = _READV | (np.int64(fd) << 32)
+    sqes[index, 0] = opcode | (np.int64(fd) << 32)
     sqes[index, 1] = offset
-    sqes[index, 2] = iov.ctypes.data
+    sqes[index, 2] = address
     sqes[index, 3] = n
     sqes[index, 4] = slot
     sqes[index, 5] = 0
@@ -277,7 +285,8 @@ def ring_direct(sq, cq, sqes, layout, iov, slots, depth, fd, file_offsets,
                                 sink, sink_bytes)
             slots[slot, 0] = r
             slots[slot, 1] = pos - start
-            _queue(sq, sqes, layout, fd, start, iov[slot], n, slot)
+            _queue(sq, sqes, layout, _READV, fd, start,
+                   iov[slot].ctypes.data, n, slot)
             queued += 1
             flying += 1
             if pos == end:
@@ -294,4 +303,121 @@ def ring_direct(sq, cq, sqes, layout, iov, slots, depth, fd, file_offsets,
                   - np.int64(sq[layout[_SQ_HEAD]])) & 0xFFFFFFFF
         free_count, reaped, failed = _reap(cq, layout, slots, free,
                                            free_count, failed, counts)
+        flying -= reaped
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _land(cq, layout, slots, free, free_count, idle, idle_count, owner,
+          left, failed, counts, buffer, stride, piece_rows, row_offsets,
+          row_bytes, targets, which, where):
+    """`ring_pieces`' completions: each slot freed and its bytes counted
+    (a short read makes its run ``failed``); a piece whose runs all
+    landed has its rows copied out (unless a read failed) and its buffer
+    freed. Returns ``(free_count, idle_count, reaped, failed)``."""
+    buffers = owner.shape[0]
+    head = np.int64(cq[layout[_CQ_HEAD]]) & 0xFFFFFFFF
+    tail = np.int64(cq[layout[_CQ_TAIL]]) & 0xFFFFFFFF
+    _fence()
+    reaped = 0
+    while head != tail:
+        at = layout[_CQES] + 4 * (head & layout[_CQ_MASK])
+        tag = np.int64(cq[at]) & 0xFFFFFFFF
+        slot, b = tag // buffers, tag % buffers
+        got = np.int64(cq[at + 2])
+        counts[1] += 1
+        if got > 0:
+            counts[0] += got
+        if got != slots[slot, 1] and (failed < 0 or slots[slot, 0] < failed):
+            failed = slots[slot, 0]
+        free[free_count] = slot
+        free_count += 1
+        reaped += 1
+        left[b] -= 1
+        if left[b] == 0:
+            if failed < 0:
+                w0 = piece_rows[owner[b]]
+                scatter_rows(buffer[b * stride:],
+                             row_offsets[w0:piece_rows[owner[b] + 1]],
+                             row_bytes, targets, which, where, w0)
+            idle[idle_count] = b
+            idle_count += 1
+        head = (head + 1) & 0xFFFFFFFF
+    _fence()
+    cq[layout[_CQ_HEAD]] = np.int32(head if head < 2**31 else head - 2**32)
+    return free_count, idle_count, reaped, failed
+
+
+@njit(nogil=True, cache=True)
+def ring_pieces(sq, cq, sqes, layout, slots, depth, fd, buffer, base,
+                stride, file_offsets, lengths, buffer_offsets, piece_runs,
+                piece_rows, row_offsets, row_bytes, targets, which, where,
+                first, stop, counts):
+    """Pieces ``first`` to ``stop - 1`` of a read plan through the ring:
+    up to ``depth`` runs in flight, each piece read into a buffer of its
+    own, its rows copied out as soon as its last run lands while the
+    others' reads go on.
+
+    ``buffer`` (``base``: its address) holds ``len(buffer) // stride``
+    piece buffers of ``stride`` bytes; the rest is
+    `hmgraph.cache.diskio.read_pieces`' (run ``r`` of a piece goes to
+    ``buffer_offsets[r]`` of the piece's buffer; rows are cut out with
+    `hmgraph.cache.engine.scatter_rows`). ``slots`` is a `Ring`'s.
+
+    Returns
+    -------
+    int
+        -1; the first run that failed or came back short (every read in
+        flight waited for first; the caller reads again); or ``-2 -
+        errno`` where ``io_uring_enter`` failed.
+    """
+    buffers = buffer.shape[0] // stride
+    free = np.arange(depth)
+    free_count = depth
+    idle = np.arange(buffers)  # piece buffers not in use
+    idle_count = buffers
+    owner = np.full(buffers, -1, dtype=np.int64)  # its piece
+    left = np.zeros(buffers, dtype=np.int64)  # its runs not landed
+    queued = 0
+    flying = 0
+    failed = -1
+    p = first  # the next piece to start
+    r = piece_runs[first] if first < stop else 0  # its next run
+    b = -1  # the piece buffer of the piece being queued
+    while True:
+        # (1) Queue runs while slots are free; a piece takes a buffer when
+        # its first run is queued.
+        while failed < 0 and free_count and p < stop:
+            if b < 0:
+                if not idle_count:
+                    break
+                idle_count -= 1
+                b = idle[idle_count]
+                owner[b] = p
+                left[b] = piece_runs[p + 1] - piece_runs[p]
+            free_count -= 1
+            slot = free[free_count]
+            slots[slot, 0] = r
+            slots[slot, 1] = lengths[r]
+            _queue(sq, sqes, layout, _READ, fd, file_offsets[r],
+                   base + b * stride + buffer_offsets[r], lengths[r],
+                   slot * buffers + b)
+            queued += 1
+            flying += 1
+            r += 1
+            if r == piece_runs[p + 1]:
+                p += 1
+                b = -1
+        if not flying:
+            return failed
+        # (2) Submit, wait for one; (3) reap, and copy out every piece
+        # whose runs all landed.
+        error = _enter(layout, queued, 1)
+        if error:
+            return -2 + error
+        queued = (np.int64(sq[layout[_SQ_TAIL]])
+                  - np.int64(sq[layout[_SQ_HEAD]])) & 0xFFFFFFFF
+        free_count, idle_count, reaped, failed = _land(
+            cq, layout, slots, free, free_count, idle, idle_count, owner,
+            left, failed, counts, buffer, stride, piece_rows, row_offsets,
+            row_bytes, targets, which, where)
         flying -= reaped

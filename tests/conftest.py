@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import mmap
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("OUTDATED_IGNORE", "1")
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+REPO = Path(__file__).resolve().parents[1]
+_PAGE = 4096  # hmgraph.cache.format.PAGE_BYTES
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -62,3 +68,44 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared datasets not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+def accepts_o_direct(folder: Path) -> bool:
+    """Whether files in ``folder`` can be opened and read with O_DIRECT."""
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    probe = folder / f".odirect-probe-{os.getpid()}"
+    probe.write_bytes(b"\0" * _PAGE)
+    try:
+        fd = os.open(probe, os.O_RDONLY | os.O_DIRECT)
+        try:
+            os.preadv(fd, [memoryview(mmap.mmap(-1, _PAGE))], 0)
+        finally:
+            os.close(fd)
+        return True
+    except OSError as err:
+        if err.errno != errno.EINVAL:
+            raise
+        return False
+    finally:
+        probe.unlink()
+
+
+@pytest.fixture
+def disk_dir(tmp_path):
+    """A folder on a filesystem that accepts O_DIRECT.
+
+    pytest's ``tmp_path`` where it does (ext4 /tmp), else a folder beside
+    the checkout; skips when neither does.
+    """
+    if accepts_o_direct(tmp_path):
+        yield tmp_path
+        return
+    (REPO / ".pytest_cache").mkdir(exist_ok=True)
+    folder = Path(tempfile.mkdtemp(dir=REPO / ".pytest_cache"))
+    try:
+        if not accepts_o_direct(folder):
+            pytest.skip("neither /tmp nor the checkout accepts O_DIRECT")
+        yield folder
+    finally:
+        shutil.rmtree(folder)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
-import mmap
 import os
 import re
 import shutil
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import accepts_o_direct
 from contract import check_feature_contract
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -76,47 +76,6 @@ ID_SETS = {
     "all-rows": lambda n, rng: np.arange(n),
     "single": lambda n, rng: np.array([n // 2]),
 }
-
-
-def accepts_o_direct(folder: Path) -> bool:
-    """Whether files in ``folder`` can be opened and read with O_DIRECT."""
-    if not hasattr(os, "O_DIRECT"):
-        return False
-    probe = folder / f".odirect-probe-{os.getpid()}"
-    probe.write_bytes(b"\0" * PAGE_BYTES)
-    try:
-        fd = os.open(probe, os.O_RDONLY | os.O_DIRECT)
-        try:
-            os.preadv(fd, [memoryview(mmap.mmap(-1, PAGE_BYTES))], 0)
-        finally:
-            os.close(fd)
-        return True
-    except OSError as err:
-        if err.errno != errno.EINVAL:
-            raise
-        return False
-    finally:
-        probe.unlink()
-
-
-@pytest.fixture
-def disk_dir(tmp_path):
-    """A folder on a filesystem that accepts O_DIRECT.
-
-    pytest's ``tmp_path`` where it does (ext4 /tmp), else a folder beside
-    the checkout; skips when neither does.
-    """
-    if accepts_o_direct(tmp_path):
-        yield tmp_path
-        return
-    (REPO / ".pytest_cache").mkdir(exist_ok=True)
-    folder = Path(tempfile.mkdtemp(dir=REPO / ".pytest_cache"))
-    try:
-        if not accepts_o_direct(folder):
-            pytest.skip("neither /tmp nor the checkout accepts O_DIRECT")
-        yield folder
-    finally:
-        shutil.rmtree(folder)
 
 
 def make_rows(shape, dtype, seed=0) -> np.ndarray:
@@ -428,9 +387,9 @@ def test_rows_of_whole_blocks_are_read_straight_into_place(
 
 
 def test_a_run_failing_once_is_read_again(disk_dir, monkeypatch):
-    """A run the compiled loop reports failed (a transient error) is read
-    again in Python, the rest of its piece after it, and the loop goes on
-    with the next piece: every row exact, every piece read once."""
+    """A run a thread's compiled loop reports failed (a transient error) is
+    read again in Python, the rest of its piece after it, and the loop goes
+    on with the next piece: every row exact, every piece read once."""
     path = disk_dir / "feat.bin"
     rows = make_rows((5000, 10), np.float32)  # 200,000 bytes, 49 pages
     write_feature_file(path, rows)
@@ -451,7 +410,7 @@ def test_a_run_failing_once_is_read_again(disk_dir, monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(storage_reads, "read_pieces", fail_each_piece_once)
-    with StorageFeature(path, num_threads=1, disk=MODEL,
+    with StorageFeature(path, num_threads=1, disk=MODEL, engine="threads",
                         block_bytes=PAGE_BYTES, max_gap_bytes=0,
                         max_run_bytes=PAGE_BYTES,
                         chunk_bytes=4 * PAGE_BYTES) as feature:

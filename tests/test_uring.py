@@ -12,9 +12,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_storage import MODEL, disk_dir, make_rows  # noqa: F401 (fixture)
+from test_storage import MODEL, make_rows
 
 from hmgraph.cache import storage_reads, uring
+from hmgraph.cache.disk import DiskModel
 from hmgraph.cache.diskio import IOV_MAX, address
 from hmgraph.cache.format import write_feature_file
 from hmgraph.cache.storage import StorageFeature
@@ -71,16 +72,19 @@ def test_a_ring_reads_every_run_at_every_depth(disk_dir):
 @given(data=st.data())
 def test_engines_read_the_same_rows_and_count_the_same(disk_dir, data):
     """The storage tier through rings and through threads: identical
-    rows, requests and bytes, whatever the ids, gap, run size and
-    depth."""
-    rows = make_rows((3000, 256), np.float32)  # 1 KiB: two blocks
-    path = disk_dir / "engines.bin"
+    rows, requests and bytes, whatever the ids, gap, run size and depth;
+    rows of whole blocks read straight into place, others (400 B)
+    through piece buffers."""
+    width = data.draw(st.sampled_from([256, 100]))  # 1 KiB, 400 B
+    rows = make_rows((3000, width), np.float32)
+    path = disk_dir / f"engines-{width}.bin"
     if not path.exists():
         write_feature_file(path, rows)
     ids = torch.tensor(data.draw(st.lists(
         st.integers(0, 2999), min_size=1, max_size=600)))
     sizes = {"max_gap_bytes": data.draw(st.sampled_from([0, 512, 8192])),
              "max_run_bytes": data.draw(st.sampled_from([4096, 1 << 20])),
+             "chunk_bytes": data.draw(st.sampled_from([None, 1 << 21])),
              "num_threads": data.draw(st.integers(1, 9))}
     stats = {}
     for engine in ("threads", "uring"):
@@ -108,32 +112,63 @@ def test_a_run_of_more_rows_than_iovecs_takes_several_reads(disk_dir):
         assert feature.stats.io_requests >= -(-pieces // IOV_MAX) > 1
 
 
-def test_a_file_cut_short_is_read_again_and_refused(disk_dir):
+@pytest.mark.parametrize("width", [128, 100], ids=["direct", "pieces"])
+def test_a_file_cut_short_is_read_again_and_refused(disk_dir, monkeypatch,
+                                                    width):
     """A ring's read that comes back short leaves no row half-read: the
     task is read again through a buffer, which names the file cut."""
-    rows = make_rows((4000, 128), np.float32)
+    rows = make_rows((4000, width), np.float32)
     path = _file(disk_dir, rows)
-    calls = []
-    real = uring.ring_direct
+    name = "ring_direct" if width == 128 else "ring_pieces"
+    calls, real = [], getattr(uring, name)
 
     def spy(*args):
         calls.append(real(*args))
         return calls[-1]
 
+    monkeypatch.setattr(uring, name, spy)
     with StorageFeature(path, disk=MODEL, engine="uring") as feature:
         with open(path, "r+b") as f:
-            f.truncate(os.path.getsize(path) - 100 * 512)
+            f.truncate(os.path.getsize(path) - 100 * width * 4)
         check = torch.arange(0, 3000, 7)
         assert feature.read(check).numpy().tobytes() == \
             rows[check.numpy()].tobytes()
-        uring.ring_direct = spy
-        try:
-            with pytest.raises(ValueError,
-                               match=re.escape(f"{path} is truncated")):
-                feature.read(torch.tensor([0, 3999]))
-        finally:
-            uring.ring_direct = real
-        assert any(c >= 0 for c in calls)  # the short read was reported
+        assert calls and set(calls) == {-1}
+        with pytest.raises(ValueError,
+                           match=re.escape(f"{path} is truncated")):
+            feature.read(torch.tensor([0, 3999]))
+        assert max(calls) >= 0  # the short read was reported
+
+
+def test_pieces_through_the_ring_at_every_depth(disk_dir, monkeypatch):
+    """Rows not of whole blocks: runs read into piece buffers, each
+    piece's rows copied out once its runs land, one to many runs in
+    flight; every row exact, the same requests as the threads."""
+    rows = make_rows((5000, 100), np.float32)  # 400 B
+    path = _file(disk_dir, rows)
+    ids = torch.from_numpy(np.random.default_rng(3).integers(0, 5000, 2000))
+    deep = DiskModel(block_bytes=512, iops=100_000.0, bandwidth=500e6,
+                     queue_depth=64)
+    sizes = {"disk": deep, "max_gap_bytes": 0, "max_run_bytes": 4096,
+             "chunk_bytes": 8192}
+    with StorageFeature(path, engine="threads", **sizes) as threads:
+        threads.read(ids)
+        requests = threads.stats.io_requests
+    depths = []
+    real = uring.ring_pieces
+
+    def spy(*args):
+        depths.append(args[5])
+        return real(*args)
+
+    monkeypatch.setattr(uring, "ring_pieces", spy)
+    for num_threads in (1, 3, 64):
+        with StorageFeature(path, engine="uring", num_threads=num_threads,
+                            **sizes) as feature:
+            assert feature.read(ids).numpy().tobytes() == \
+                rows[ids.numpy()].tobytes()
+            assert feature.stats.io_requests == requests
+    assert min(depths) == 1 and max(depths) >= 16
 
 
 def test_engine_choice_and_refusals(disk_dir, monkeypatch):

@@ -136,8 +136,8 @@ class TaskReader:
         The way out that the message of a file found cut short names;
         `hmgraph.cache.format.REBUILD` until set.
     engine : str
-        ``"uring"`` where direct reads go through rings, else
-        ``"threads"``.
+        ``"uring"`` where reads go through rings (an ``O_DIRECT`` file and
+        a kernel that allows them), else ``"threads"``.
 
     Raises
     ------
@@ -176,9 +176,10 @@ class TaskReader:
             if self.engine == "uring" else None
 
     def submit(self, tasks: list[ReadTask], into: tuple) -> list[Future]:
-        """Queue ``tasks`` on the threads (`run_task`), or, through rings,
-        in groups on the ring threads (`run_ring`);
-        raises ``RuntimeError`` once the pool is shut down."""
+        """Queue ``tasks`` on the threads (`run_task`), or in consecutive
+        groups on the ring threads (`run_ring`), each group keeping its
+        share of the tasks' depth in flight; raises ``RuntimeError`` once
+        the pool is shut down."""
         if self._ring_pool is not None and tasks:
             groups = min(RING_THREADS, len(tasks))
             depth = -(-len(tasks) // groups)

@@ -60,10 +60,10 @@ from hmgraph.cache.trace_replay import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["METADATA_SLACK_BYTES", "STAGING_ROW_SHARE_MAX", "STATIC_SHARES",
-           "CachePlan", "belady_policy", "build_cache", "make_plan",
-           "metadata_bytes", "replay", "replay_hits", "row_share",
-           "store_metadata_bytes"]
+__all__ = ["METADATA_SLACK_BYTES", "REUSE_HEADROOM_PERCENT",
+           "STAGING_ROW_SHARE_MAX", "STATIC_SHARES", "CachePlan",
+           "belady_policy", "build_cache", "make_plan", "metadata_bytes",
+           "replay", "replay_hits", "row_share", "store_metadata_bytes"]
 
 #: Reuse buffers are sized to this share (%) of the most rows the profile
 #: held at once: an epoch samples other neighbours than its profile, and a

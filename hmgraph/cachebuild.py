@@ -30,6 +30,7 @@ from hmgraph.cache.costs import (
 )
 from hmgraph.cache.feature import Feature, TensorFeature
 from hmgraph.cache.plan import (
+    REUSE_HEADROOM_PERCENT,
     STAGING_ROW_SHARE_MAX,
     CachePlan,
     build_cache,
@@ -38,7 +39,12 @@ from hmgraph.cache.plan import (
     row_share,
 )
 from hmgraph.cache.policies import POLICIES, layer_aware_score, make_policy
-from hmgraph.cache.reuse import REUSE_LEVELS, BatchReuse, reuse_profile
+from hmgraph.cache.reuse import (
+    REUSE_LEVELS,
+    TABLE_BYTES_PER_ROW,
+    BatchReuse,
+    reuse_profile,
+)
 from hmgraph.cache.trace_replay import split_profile
 from hmgraph.memory import release_freed_memory
 
@@ -198,20 +204,16 @@ class CacheBuilder:
             trace=() if self.profile is None else self.profile.trace,
             staging=staging, trace_covers_epoch=self.profile is not None
             and self.profile.num_batches >= self.num_batches)
-        plans = {0: plan(window=asked)}
-        for n in (1, 2) if reuse == "auto" else (levels,) if levels else ():
-            try:
-                plans[n] = plan(window=asked, reuse_levels=n)
-            except ValueError as error:  # the budget does not fit it
-                if reuse != "auto":
-                    raise
-                log.info("batch reuse (%s) not planned: %s",
-                         _REUSE_NAMES[n], error)
         if reuse == "auto":
-            levels = self._reuse_pays(source, plans)
-        elif levels:
-            self._reuse_pays(source, plans, forced=reuse)
-        chosen = plans[levels]
+            chosen = plan(window=asked)
+            levels = self._reuse_pays(source, chosen, device_budget_bytes)
+            if levels:
+                chosen = plan(window=asked, reuse_levels=levels)
+        else:
+            chosen = plan(window=asked, reuse_levels=levels)
+            if levels:
+                self._reuse_pays(source, chosen, device_budget_bytes,
+                                 forced=reuse)
         if window is None and not staging and not levels and chosen.window:
             chosen = self._window_pays(source, chosen)
         return chosen
@@ -220,30 +222,39 @@ class CacheBuilder:
         """This machine's kernel costs for ``source``'s rows."""
         return measure_kernel_costs(source.row_bytes, str(self.device))
 
-    def _reuse_pays(self, source, plans: dict,
+    def _reuse_pays(self, source, plan: CachePlan, device_budget_bytes,
                     forced: str | None = None) -> int:
-        """Reuse levels that pay on the profile (0: none), of those
-        planned besides none (``plans``: levels to `CachePlan`), the one
-        saving the most; said in one log line. The plan without reuse
-        gives the misses reuse spares; the device room each ring takes
-        from the cache is charged to it. ``forced``: the one level asked
-        for is judged and kept."""
+        """Reuse levels that pay on the profile (0: none), of 1 and 2, the
+        one saving the most; said in one log line. ``plan`` is the cache
+        without reuse, or, ``forced``, with the levels asked for, which
+        are judged and kept. Each ring is charged the device room it takes
+        from the cache (`_ring_rows`): the requests of the rows the cache
+        would no longer hold (`lost_hit_share`), with their transfers and
+        reads."""
         costs, trace = self._costs(source), self.profile.trace
-        plain = plans[0]
-        hit = _hit_rate(plain)
+        table = source.num_rows * TABLE_BYTES_PER_ROW
         verdicts = {}
-        for n in sorted(set(plans) - {0}):
+        for n in [plan.reuse_levels] if forced else [1, 2]:
+            sizing = reuse_profile(trace, n)
+            if device_budget_bytes < table:
+                log.info("batch reuse (%s) not planned: its id table takes "
+                         "%d bytes of device memory, the budget is %d",
+                         _REUSE_NAMES[n], table, device_budget_bytes)
+                continue
+            taken = _ring_rows(plan, n, sizing, table)
+            held = _held(plan) + (taken if forced else 0)
             lost = lost_hit_share(self.profile.counts, self._hotness(),
-                                  _held(plain), _held(plans[n]))
+                                  held, held - taken)
+            hit = _hit_rate(plan) + (lost if forced else 0.0)
             miss = 1.0 - hit + lost
             added = spared_read_seconds(
                 source, trace, miss, random_rows(lost / miss)) if lost \
                 else 0.0
             spared = spared_read_seconds(source, trace, miss,
                                          reused_rows(trace, n))
-            verdicts[n] = reuse_verdict(n, reuse_profile(trace, n), costs,
-                                        hit, spared, plain.num_rows,
-                                        lost=lost, lost_read_s=added)
+            verdicts[n] = reuse_verdict(n, sizing, costs, hit, spared,
+                                        plan.num_rows, lost=lost,
+                                        lost_read_s=added)
         if not verdicts:
             return 0
         best = max(verdicts, key=lambda n: verdicts[n].saves -
@@ -346,6 +357,21 @@ class CacheBuilder:
         dgl.seed(int(np.random.randint(0, 2**31 - 1)))
         log.info("profiled %d batches in %.1f s", self.profile.num_batches,
                  time.perf_counter() - start)
+
+
+def _ring_rows(plan: CachePlan, levels: int, sizing: dict,
+               table_bytes: int) -> int:
+    """Device rows batch reuse takes from the cache: its id table and
+    ``levels`` buffers, each sized as `hmgraph.cache.plan.make_plan`
+    sizes them on the profile (``sizing``: `reuse_profile`), or as
+    ``plan`` (with reuse) sized them."""
+    table = -(-table_bytes // plan.row_bytes)
+    if plan.reuse_levels:
+        return table + plan.reuse_levels * plan.reuse_rows
+    room = max(0, plan.device_rows - table)
+    ring = min(-(-max(sizing["rows_per_level"]) * REUSE_HEADROOM_PERCENT
+                 // 100), room // levels)
+    return min(plan.device_rows, table + levels * ring)
 
 
 def _held(plan: CachePlan) -> int:

@@ -115,6 +115,31 @@ def test_the_ring_is_charged_the_device_room_it_takes():
     assert "2.00 ms added" in charged.detail
 
 
+def test_the_ring_room_is_what_the_plan_reserves():
+    """`_ring_rows` prices a ring before planning it: the device rows of
+    the id table and the buffers `make_plan` reserves (at most: the plan
+    may shrink the ring by the rows its device tier holds for good)."""
+    from hmgraph.cache.plan import make_plan
+    from hmgraph.cachebuild import _ring_rows
+
+    rng = np.random.default_rng(0)
+    trace = [torch.from_numpy(np.unique(rng.integers(0, 5000, 800)))
+             for _ in range(8)]
+    counts = torch.bincount(torch.cat(trace), minlength=5000).float()
+    args = ("hmgraph", 5000, 400, 400 * 2000, 400 * 500)
+    plain = make_plan(*args, counts=counts, trace=trace)
+    table = 5000 * 12
+    for levels in (1, 2):
+        ring = make_plan(*args, counts=counts, trace=trace,
+                         reuse_levels=levels)
+        taken = _ring_rows(ring, levels, reuse_profile(trace, levels), table)
+        assert taken == -(-table // 400) + levels * ring.reuse_rows
+        assert ring.device_rows + taken == plain.device_rows
+        priced = _ring_rows(plain, levels, reuse_profile(trace, levels),
+                            table)
+        assert taken <= priced <= plain.device_rows
+
+
 def test_auto_reuse_skips_levels_the_budget_cannot_hold(tiny, caplog):
     """A device budget below the id table: ``reuse="auto"`` plans none
     and says why; an explicit level still refuses the budget."""
@@ -122,8 +147,9 @@ def test_auto_reuse_skips_levels_the_budget_cannot_hold(tiny, caplog):
     loader = _loader(tiny, caplog, reuse="auto", **kwargs)
     assert loader.plan["_N"].reuse_levels == 0
     said = [r.getMessage() for r in caplog.records]
-    assert any(s.startswith("batch reuse (one-level) not planned: ")
-               and "raise it" in s for s in said), said
+    assert any(s.startswith("batch reuse (one-level) not planned: its "
+                            "id table takes ") and s.endswith("is 1000")
+               for s in said), said
     for batch in loader:
         assert torch.equal(batch.x, tiny.features[batch.input_nodes])
     loader.close()

@@ -245,7 +245,7 @@ class CacheBuilder:
             held = _held(plan) + (taken if forced else 0)
             lost = lost_hit_share(self.profile.counts, self._hotness(),
                                   held, held - taken)
-            hit = _hit_rate(plan) + (lost if forced else 0.0)
+            hit = min(1.0, _hit_rate(plan) + (lost if forced else 0.0))
             miss = 1.0 - hit + lost
             added = spared_read_seconds(
                 source, trace, miss, random_rows(lost / miss)) if lost \

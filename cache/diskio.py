@@ -26,8 +26,8 @@ from numba import njit, types
 
 from hmgraph.cache.engine import scatter_rows
 
-__all__ = ["IOV_MAX", "address", "read_at", "read_direct", "read_pieces",
-           "read_runs", "reads_per_second"]
+__all__ = ["IOV_MAX", "address", "fill_iovecs", "read_at", "read_direct",
+           "read_pieces", "read_runs", "reads_per_second"]
 
 # ssize_t pread(int fd, void *buf, size_t count, off_t offset), with the
 # buffer passed as an address (the same register as a pointer).
@@ -113,6 +113,33 @@ def read_pieces(fd, buffer, base, file_offsets, lengths, buffer_offsets,
     return -1
 
 
+@njit(nogil=True, cache=True, inline="always")
+def fill_iovecs(iov, pos, end, k, row_offsets, row_stop, row_bytes, bases,
+                which, where, sink, sink_bytes):
+    """One read's iovecs into ``iov`` (at most its rows), from file byte
+    ``pos`` towards ``end``: each row's bytes to its place (row ``k`` on,
+    as `read_direct` lays rows out), the gaps between rows to ``sink``,
+    ``sink_bytes`` at a time. Returns ``(iovecs, pos, k)``: where the
+    read ends and the row reached. Shared by `read_direct` and
+    `hmgraph.cache.uring.ring_direct`."""
+    n = 0
+    while pos < end and n < iov.shape[0]:
+        while k < row_stop and row_offsets[k] + row_bytes <= pos:
+            k += 1
+        if k < row_stop and row_offsets[k] <= pos:
+            step = min(row_offsets[k] + row_bytes, end) - pos
+            iov[n, 0] = bases[which[k]] + where[k] * row_bytes + pos \
+                - row_offsets[k]
+        else:
+            gap = end if k == row_stop else min(row_offsets[k], end)
+            step = min(gap - pos, sink_bytes)
+            iov[n, 0] = sink
+        iov[n, 1] = step
+        n += 1
+        pos += step
+    return n, pos, k
+
+
 @njit(nogil=True, cache=True)
 def read_direct(fd, file_offsets, lengths, first, stop, row_offsets,
                 row_first, row_stop, row_bytes, bases, which, where, sink,
@@ -134,30 +161,16 @@ def read_direct(fd, file_offsets, lengths, first, stop, row_offsets,
     for r in range(first, stop):
         pos = file_offsets[r]
         end = pos + lengths[r]
-        start = pos
-        n = 0
         while pos < end:
-            while k < row_stop and row_offsets[k] + row_bytes <= pos:
-                k += 1
-            if k < row_stop and row_offsets[k] <= pos:
-                step = min(row_offsets[k] + row_bytes, end) - pos
-                iov[n, 0] = bases[which[k]] + where[k] * row_bytes \
-                    + pos - row_offsets[k]
-            else:
-                gap = end if k == row_stop else min(row_offsets[k], end)
-                step = min(gap - pos, sink_bytes)
-                iov[n, 0] = sink
-            iov[n, 1] = step
-            n += 1
-            pos += step
-            if n == iov.shape[0] or pos == end:
-                got = _preadv(fd, iov.ctypes.data, n, start)
-                counts[1] += 1
-                if got != pos - start:
-                    return r
-                counts[0] += got
-                start = pos
-                n = 0
+            start = pos
+            n, pos, k = fill_iovecs(iov, pos, end, k, row_offsets, row_stop,
+                                    row_bytes, bases, which, where, sink,
+                                    sink_bytes)
+            got = _preadv(fd, iov.ctypes.data, n, start)
+            counts[1] += 1
+            if got != pos - start:
+                return r
+            counts[0] += got
     return -1
 
 

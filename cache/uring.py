@@ -40,7 +40,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-from hmgraph.cache.diskio import IOV_MAX
+from hmgraph.cache.diskio import IOV_MAX, fill_iovecs
 from hmgraph.cache.engine import scatter_rows
 
 __all__ = ["Ring", "available", "ring_direct", "ring_pieces"]
@@ -171,31 +171,6 @@ def _enter(layout, submit, wait):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _iovecs(iov, pos, end, k, row_offsets, row_stop, row_bytes, bases,
-            which, where, sink, sink_bytes):
-    """One read's iovecs into ``iov`` (at most `IOV_MAX`), from file byte
-    ``pos`` towards ``end``: each row's bytes to its place, gaps to the
-    sink (`hmgraph.cache.diskio.read_direct`'s rule). Returns ``(iovecs,
-    pos, k)``: where the read ends and the row reached."""
-    n = 0
-    while pos < end and n < IOV_MAX:
-        while k < row_stop and row_offsets[k] + row_bytes <= pos:
-            k += 1
-        if k < row_stop and row_offsets[k] <= pos:
-            step = min(row_offsets[k] + row_bytes, end) - pos
-            iov[n, 0] = bases[which[k]] + where[k] * row_bytes + pos \
-                - row_offsets[k]
-        else:
-            gap = end if k == row_stop else min(row_offsets[k], end)
-            step = min(gap - pos, sink_bytes)
-            iov[n, 0] = sink
-        iov[n, 1] = step
-        n += 1
-        pos += step
-    return n, pos, k
-
-
-@njit(nogil=True, cache=True, inline="always")
 def _queue(sq, sqes, layout, opcode, fd, offset, address, n, slot):
     """Queue one read at file ``offset`` tagged with ``slot``: ``READV``
     of ``n`` iovecs at ``address``, or ``READ`` of ``n`` bytes to it; its
@@ -216,30 +191,38 @@ def _queue(sq, sqes, layout, opcode, fd, offset, address, n, slot):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _reap(cq, layout, slots, free, free_count, failed, counts):
-    """Every completion posted: its slot freed, its bytes counted; a read
-    short of its slot's length makes its run ``failed`` (the first such
-    run). Returns ``(free_count, reaped, failed)``."""
+def _reap(cq, layout, done):
+    """The completions posted, as ``(tag, result)`` rows of ``done`` (room
+    for every read in flight); the queue's head moved past them. Returns
+    how many."""
     head = np.int64(cq[layout[_CQ_HEAD]]) & 0xFFFFFFFF
     tail = np.int64(cq[layout[_CQ_TAIL]]) & 0xFFFFFFFF
     _fence()
-    reaped = 0
+    count = 0
     while head != tail:
         at = layout[_CQES] + 4 * (head & layout[_CQ_MASK])
-        slot = np.int64(cq[at]) & 0xFFFFFFFF
-        got = np.int64(cq[at + 2])
-        counts[1] += 1
-        if got > 0:
-            counts[0] += got
-        if got != slots[slot, 1] and (failed < 0 or slots[slot, 0] < failed):
-            failed = slots[slot, 0]
-        free[free_count] = slot
-        free_count += 1
-        reaped += 1
+        done[count, 0] = np.int64(cq[at]) & 0xFFFFFFFF
+        done[count, 1] = cq[at + 2]
+        count += 1
         head = (head + 1) & 0xFFFFFFFF
     _fence()
     cq[layout[_CQ_HEAD]] = np.int32(head if head < 2**31 else head - 2**32)
-    return free_count, reaped, failed
+    return count
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _landed(slots, free, free_count, slot, got, failed, counts):
+    """A read of ``slot`` landed with result ``got``: its bytes and the
+    read counted, the slot freed; short of the slot's length, its run
+    becomes ``failed`` (the first such run). Returns ``(free_count,
+    failed)``."""
+    counts[1] += 1
+    if got > 0:
+        counts[0] += got
+    if got != slots[slot, 1] and (failed < 0 or slots[slot, 0] < failed):
+        failed = slots[slot, 0]
+    free[free_count] = slot
+    return free_count + 1, failed
 
 
 @njit(nogil=True, cache=True)
@@ -266,6 +249,7 @@ def ring_direct(sq, cq, sqes, layout, iov, slots, depth, fd, file_offsets,
     """
     free = np.arange(depth)
     free_count = depth
+    done = np.empty((depth, 2), dtype=np.int64)
     queued = 0  # queued, not yet submitted
     flying = 0
     failed = -1
@@ -280,9 +264,9 @@ def ring_direct(sq, cq, sqes, layout, iov, slots, depth, fd, file_offsets,
             slot = free[free_count]
             start = pos
             end = file_offsets[r] + lengths[r]
-            n, pos, k = _iovecs(iov[slot], pos, end, k, row_offsets,
-                                row_stop, row_bytes, bases, which, where,
-                                sink, sink_bytes)
+            n, pos, k = fill_iovecs(iov[slot], pos, end, k, row_offsets,
+                                    row_stop, row_bytes, bases, which,
+                                    where, sink, sink_bytes)
             slots[slot, 0] = r
             slots[slot, 1] = pos - start
             _queue(sq, sqes, layout, _READV, fd, start,
@@ -301,50 +285,26 @@ def ring_direct(sq, cq, sqes, layout, iov, slots, depth, fd, file_offsets,
             return -2 + error
         queued = (np.int64(sq[layout[_SQ_TAIL]])
                   - np.int64(sq[layout[_SQ_HEAD]])) & 0xFFFFFFFF
-        free_count, reaped, failed = _reap(cq, layout, slots, free,
-                                           free_count, failed, counts)
-        flying -= reaped
+        for j in range(_reap(cq, layout, done)):
+            free_count, failed = _landed(slots, free, free_count,
+                                         done[j, 0], done[j, 1], failed,
+                                         counts)
+            flying -= 1
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _land(cq, layout, slots, free, free_count, idle, idle_count, owner,
-          left, failed, counts, buffer, stride, piece_rows, row_offsets,
-          row_bytes, targets, which, where):
-    """`ring_pieces`' completions: each slot freed and its bytes counted
-    (a short read makes its run ``failed``); a piece whose runs all
-    landed has its rows copied out (unless a read failed) and its buffer
-    freed. Returns ``(free_count, idle_count, reaped, failed)``."""
-    buffers = owner.shape[0]
-    head = np.int64(cq[layout[_CQ_HEAD]]) & 0xFFFFFFFF
-    tail = np.int64(cq[layout[_CQ_TAIL]]) & 0xFFFFFFFF
-    _fence()
-    reaped = 0
-    while head != tail:
-        at = layout[_CQES] + 4 * (head & layout[_CQ_MASK])
-        tag = np.int64(cq[at]) & 0xFFFFFFFF
-        slot, b = tag // buffers, tag % buffers
-        got = np.int64(cq[at + 2])
-        counts[1] += 1
-        if got > 0:
-            counts[0] += got
-        if got != slots[slot, 1] and (failed < 0 or slots[slot, 0] < failed):
-            failed = slots[slot, 0]
-        free[free_count] = slot
-        free_count += 1
-        reaped += 1
-        left[b] -= 1
-        if left[b] == 0:
-            if failed < 0:
-                w0 = piece_rows[owner[b]]
-                scatter_rows(buffer[b * stride:],
-                             row_offsets[w0:piece_rows[owner[b] + 1]],
-                             row_bytes, targets, which, where, w0)
-            idle[idle_count] = b
-            idle_count += 1
-        head = (head + 1) & 0xFFFFFFFF
-    _fence()
-    cq[layout[_CQ_HEAD]] = np.int32(head if head < 2**31 else head - 2**32)
-    return free_count, idle_count, reaped, failed
+def _piece_landed(b, idle, idle_count, owner, failed, buffer, stride,
+                  piece_rows, row_offsets, row_bytes, targets, which,
+                  where):
+    """Piece buffer ``b``'s runs all landed: its rows copied out (unless a
+    read failed), the buffer freed. Returns ``idle_count``."""
+    if failed < 0:
+        w0 = piece_rows[owner[b]]
+        scatter_rows(buffer[b * stride:],
+                     row_offsets[w0:piece_rows[owner[b] + 1]], row_bytes,
+                     targets, which, where, w0)
+    idle[idle_count] = b
+    return idle_count + 1
 
 
 @njit(nogil=True, cache=True)
@@ -373,6 +333,7 @@ def ring_pieces(sq, cq, sqes, layout, slots, depth, fd, buffer, base,
     buffers = buffer.shape[0] // stride
     free = np.arange(depth)
     free_count = depth
+    done = np.empty((depth, 2), dtype=np.int64)
     idle = np.arange(buffers)  # piece buffers not in use
     idle_count = buffers
     owner = np.full(buffers, -1, dtype=np.int64)  # its piece
@@ -416,8 +377,14 @@ def ring_pieces(sq, cq, sqes, layout, slots, depth, fd, buffer, base,
             return -2 + error
         queued = (np.int64(sq[layout[_SQ_TAIL]])
                   - np.int64(sq[layout[_SQ_HEAD]])) & 0xFFFFFFFF
-        free_count, idle_count, reaped, failed = _land(
-            cq, layout, slots, free, free_count, idle, idle_count, owner,
-            left, failed, counts, buffer, stride, piece_rows, row_offsets,
-            row_bytes, targets, which, where)
-        flying -= reaped
+        for j in range(_reap(cq, layout, done)):
+            slot, b_done = done[j, 0] // buffers, done[j, 0] % buffers
+            free_count, failed = _landed(slots, free, free_count, slot,
+                                         done[j, 1], failed, counts)
+            flying -= 1
+            left[b_done] -= 1
+            if left[b_done] == 0:
+                idle_count = _piece_landed(
+                    b_done, idle, idle_count, owner, failed, buffer, stride,
+                    piece_rows, row_offsets, row_bytes, targets, which,
+                    where)

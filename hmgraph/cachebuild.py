@@ -233,6 +233,7 @@ class CacheBuilder:
         reads."""
         costs, trace = self._costs(source), self.profile.trace
         table = source.num_rows * TABLE_BYTES_PER_ROW
+        score = self._hotness()
         verdicts = {}
         for n in [plan.reuse_levels] if forced else [1, 2]:
             sizing = reuse_profile(trace, n)
@@ -243,8 +244,8 @@ class CacheBuilder:
                 continue
             taken = _ring_rows(plan, n, sizing, table)
             held = _held(plan) + (taken if forced else 0)
-            lost = lost_hit_share(self.profile.counts, self._hotness(),
-                                  held, held - taken)
+            lost = lost_hit_share(self.profile.counts, score, held,
+                                  held - taken)
             hit = min(1.0, _hit_rate(plan) + (lost if forced else 0.0))
             miss = 1.0 - hit + lost
             added = spared_read_seconds(

@@ -57,8 +57,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _trace(args, name: str) -> list:
-    """Unique input ids of the dataset's first batches (a child)."""
+def _trace(args, name: str) -> tuple[list, str]:
+    """Unique input ids of the dataset's first batches, and its feature
+    file (a child: the graph is loaded once per dataset)."""
     import dgl  # lazy: 4 s to import
 
     from hmgraph.samplers.presample import presample
@@ -67,18 +68,17 @@ def _trace(args, name: str) -> list:
     profile = presample(data.graph, dgl.dataloading.NeighborSampler(
         args.fanouts), data.split["train"], args.batch_size,
         args.max_batches, seed=args.seed)
-    return [ids.numpy() for ids in profile.trace]
+    return [ids.numpy() for ids in profile.trace], str(data.feature_path)
 
 
-def _engine(args, name: str, engine: str, trace: list) -> dict:
-    """One engine's reads of ``trace``, alone and beside the matmuls (a
-    child process)."""
+def _engine(path: str, engine: str, trace: list) -> dict:
+    """One engine's reads of ``trace`` from the feature file ``path``,
+    alone and beside the matmuls (a child process)."""
     import torch
 
     from hmgraph.cache.storage import StorageFeature
 
-    data, _ = common.load(name, args.root)
-    feature = StorageFeature(data.feature_path, engine=engine)
+    feature = StorageFeature(path, engine=engine)
     batches = [torch.from_numpy(ids) for ids in trace]
     feature.read(batches[0])  # warm: kernels compiled, buffers taken
     feature.stats.reset()
@@ -142,11 +142,10 @@ def main(argv=None) -> int:
     environment = common.environment()  # its load average: at the start
     rows = []
     for name in args.datasets:
-        trace = common.isolated(_trace, args, name)
+        trace, path = common.isolated(_trace, args, name)
         for engine in ENGINES:
-            rows.append(dict(common.isolated(_engine, args, name, engine,
-                                             trace), dataset=name,
-                             asked=engine))
+            rows.append(dict(common.isolated(_engine, path, engine, trace),
+                             dataset=name, asked=engine))
     by = {(r["dataset"], r["asked"]): r for r in rows}
     for row in rows:
         base = by[row["dataset"], "threads"]

@@ -121,6 +121,10 @@ class CachePlan:
         Host rows set aside for window read planning (rows the next
         batches need, brought along by this batch's block reads), taken
         from the host budget; 0 when off.
+    span_rows : int
+        Static rows below the device tier's held as whole spans of this
+        many consecutive rows, the densest first
+        (`hmgraph.cache.placement`); 0: the hottest rows.
     host_metadata_charged : bool
         Whether the bookkeeping (`metadata_bytes`, host memory) came out
         of the host budget; False when the host budget was 0 or, for a
@@ -141,6 +145,7 @@ class CachePlan:
     reuse_resident_rows: int = 0
     staging_rows: int = 0
     host_metadata_charged: bool = True
+    span_rows: int = 0
 
     def metadata_bytes(self) -> dict[str, int]:
         """Bytes of bookkeeping per tier's memory.
@@ -202,6 +207,8 @@ class CachePlan:
                      f"{self.device_rows + self.host_rows - self.static_rows}")
         if policy.looks_ahead:
             text += f", window {self.window}"
+        if self.span_rows:
+            text += f"; static rows in spans of {self.span_rows}"
         if self.staging_rows:
             text += f"; staging {self.staging_rows} host rows"
         host = self.metadata_bytes()["host"]

@@ -29,6 +29,7 @@ from hmgraph.cache.costs import (
     window_verdict,
 )
 from hmgraph.cache.feature import Feature, TensorFeature
+from hmgraph.cache.placement import choose_span_rows, span_score
 from hmgraph.cache.plan import (
     REUSE_HEADROOM_PERCENT,
     STAGING_ROW_SHARE_MAX,
@@ -216,6 +217,8 @@ class CacheBuilder:
                                  forced=reuse)
         if window is None and not staging and not levels and chosen.window:
             chosen = self._window_pays(source, chosen)
+        if "hotness" in _needs(policy) and self.placement == "frequency":
+            chosen = self._spans_pay(source, chosen)
         return chosen
 
     def _costs(self, source) -> KernelCosts:
@@ -287,6 +290,39 @@ class CacheBuilder:
         log.info("%s", verdict.describe(f"window={plan.window}"))
         return plan if verdict.pays else replace(plan, window=0)
 
+    def _spans_pay(self, source, plan: CachePlan) -> CachePlan:
+        """``plan``, its static rows below the device tier's held as whole
+        spans where the disk model prices the reads of the rest lower so
+        on the profile (`hmgraph.cache.placement`); said in one log line.
+        """
+        first, held = self._span_first(plan), _static_held(plan)
+        span, seconds = choose_span_rows(source, self.profile.trace, first,
+                                         held)
+        if not seconds:
+            return plan
+        tried = ", ".join(f"{1e3 * s:.1f} ms in spans of {n}" for n, s in
+                          seconds.items() if n)
+        log.info("static rows %s: reads of the rest modelled at %.1f ms a "
+                 "batch held as the hottest rows, %s (held-out profile)",
+                 f"in spans of {span}" if span else "by hotness",
+                 1e3 * seconds[0], tried)
+        return replace(plan, span_rows=span)
+
+    def _span_first(self, plan: CachePlan) -> int:
+        """Static rows kept by hotness above the spans: the device tier's
+        on a GPU, whose hits also spare transfers; none on the CPU."""
+        if self.device.type == "cpu":
+            return 0
+        return min(plan.device_rows, _static_held(plan))
+
+    def _placement_score(self, plan: CachePlan) -> torch.Tensor | None:
+        """The score static placement ranks rows by: the profiled one,
+        or its spans' (``plan.span_rows``)."""
+        score = self._hotness()
+        if score is None or not plan.span_rows:
+            return score
+        return span_score(score, self._span_first(plan), plan.span_rows)
+
     def _cache(self, ntype, source, plan: CachePlan):
         """The cache ``plan`` lays out over ``source``."""
         degrees = None
@@ -295,7 +331,7 @@ class CacheBuilder:
                            self.graph.canonical_etypes if e[2] == ntype),
                           torch.zeros(source.num_rows, dtype=torch.int64))
         return build_cache(
-            source, plan, self.device, counts=self._hotness(),
+            source, plan, self.device, counts=self._placement_score(plan),
             degrees=degrees,
             hop_counts=None if self.profile is None
             else self.profile.hop_counts)
@@ -373,6 +409,14 @@ def _ring_rows(plan: CachePlan, levels: int, sizing: dict,
     ring = min(-(-max(sizing["rows_per_level"]) * REUSE_HEADROOM_PERCENT
                  // 100), room // levels)
     return min(plan.device_rows, table + levels * ring)
+
+
+def _static_held(plan: CachePlan) -> int:
+    """Rows ``plan`` places by score for good: its static part, or both
+    tiers for a policy that does not split them."""
+    if POLICIES[plan.policy].splits_static:
+        return plan.static_rows
+    return _held(plan)
 
 
 def _held(plan: CachePlan) -> int:

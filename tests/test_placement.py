@@ -1,0 +1,117 @@
+"""Static rows held as whole spans where the file is read through gaps
+(`hmgraph.cache.placement`, `hmgraph.cachebuild`)."""
+
+import logging
+
+import dgl
+import numpy as np
+import pytest
+import torch
+
+import hmgraph
+from hmgraph.cache.disk import DiskModel
+from hmgraph.cache.format import write_feature_file
+from hmgraph.cache.placement import choose_span_rows, read_seconds, span_score
+from hmgraph.cache.storage import StorageFeature
+
+#: 4,000 reads/s and 400 MB/s: a gap under 100 KB is read through.
+MODEL = DiskModel(block_bytes=512, iops=4_000.0, bandwidth=400e6,
+                  queue_depth=4)
+
+
+def _top(score: torch.Tensor, k: int) -> list[int]:
+    """The ``k`` rows a static placement holds by ``score``."""
+    return torch.argsort(score, descending=True, stable=True)[:k].tolist()
+
+
+def test_span_score_holds_the_first_rows_then_the_densest_spans():
+    #        span 0        span 1        span 2
+    score = torch.tensor([0, 9, 0, 0, 2, 2, 2, 2, 1, 1, 1, 8])
+    spans = span_score(score, 2, 4)
+    # Rows 1 and 11 by hotness; then span 1 (mean 2), then span 2 (mean
+    # 1 without row 11), then span 0 (mean 0 without row 1).
+    assert _top(spans, 2) == [1, 11]
+    assert _top(spans, 6) == [1, 11, 4, 5, 6, 7]
+    assert _top(spans, 12) == [1, 11, 4, 5, 6, 7, 8, 9, 10, 0, 2, 3]
+    # No rows first: the spans alone, equal spans in file order.
+    assert _top(span_score(torch.ones(6), 0, 2), 6) == list(range(6))
+    assert _top(span_score(score, 0, 4), 4) == [8, 9, 10, 11]
+    with pytest.raises(ValueError, match="span_rows must be positive, got 0"):
+        span_score(score, 0, 0)
+
+
+def _storage(path, rows):
+    write_feature_file(path, rows)
+    return StorageFeature(path, disk=MODEL)
+
+
+def _dense_trace(n, batches, share, seed=0):
+    rng = np.random.default_rng(seed)
+    return [torch.from_numpy(np.flatnonzero(rng.random(n) < share))
+            for _ in range(batches)]
+
+
+def test_dense_batches_hold_spans(tmp_path):
+    """Batches asking for 80% of 400 B rows: the hottest rows lie in
+    gaps read through, spans of them are not read."""
+    n = 20_000
+    source = _storage(tmp_path / "f.bin", np.zeros((n, 100), np.float32))
+    trace = _dense_trace(n, 8, 0.8)
+    span, seconds = choose_span_rows(source, trace, 0, n // 4)
+    gap_rows = -(-source.max_gap_bytes // 400)
+    assert span in {m * gap_rows for m in (2, 8, 32)}
+    assert seconds[span] < 0.9 * seconds[0]
+    # What was priced is what the tier would read: the hottest rows save
+    # nothing (every gap they leave is read through).
+    nothing = read_seconds(source, trace[4:], np.zeros(n, dtype=bool))
+    assert seconds[0] == pytest.approx(nothing, rel=0.01)
+    # Spans held by the first rows are kept out of what the rest takes.
+    assert choose_span_rows(source, trace, n // 4, n // 4) == (0, {})
+    source.close()
+
+
+def test_sparse_batches_hold_the_hottest_rows(tmp_path):
+    """4 KiB rows, each batch a few hot rows and a few cold ones far
+    apart: spans would hold cold rows, the hottest rows save reads."""
+    n = 4_000
+    source = _storage(tmp_path / "f.bin", np.zeros((n, 1024), np.float32))
+    rng = np.random.default_rng(1)
+    hot = rng.choice(n, 200, replace=False)
+    trace = [torch.from_numpy(np.unique(np.concatenate(
+        [hot, rng.choice(n, 20, replace=False)]))) for _ in range(8)]
+    span, seconds = choose_span_rows(source, trace, 0, 200)
+    assert span == 0 and seconds[0] < min(seconds.values()) + 1e-12
+    # No disk model (rows in memory) or no profile: nothing to choose.
+    assert choose_span_rows(hmgraph.cache.feature.TensorFeature(
+        torch.zeros(n, 4)), trace, 0, 200) == (0, {})
+    assert choose_span_rows(source, trace[:1], 0, 200) == (0, {})
+    source.close()
+
+
+def test_loader_holds_spans_and_returns_the_file_rows(tmp_path, caplog):
+    """A dense workload through `hmgraph.DataLoader`: the plan holds its
+    static rows in spans, said in one log line, and every batch's rows
+    equal the file's."""
+    n = 6_000
+    dgl.seed(0)
+    graph = dgl.rand_graph(n, 120_000)
+    rows = np.random.default_rng(2).standard_normal((n, 100)).astype(
+        np.float32)
+    source = _storage(tmp_path / "f.bin", rows)
+    with caplog.at_level(logging.INFO, logger="hmgraph.cachebuild"):
+        loader = hmgraph.DataLoader(
+            graph, torch.arange(n), dgl.dataloading.NeighborSampler([10, 10]),
+            batch_size=256, shuffle=True, features=source, cache="hmgraph",
+            device_budget_bytes=0, host_budget_bytes=n * 400 // 4,
+            prefetch=0, seed=0)
+    try:
+        plan = next(iter(loader.plan.values()))
+        assert plan.span_rows > 0 and plan.static_rows > 0
+        assert "static rows in spans of" in caplog.text
+        assert f"spans of {plan.span_rows}" in plan.describe()
+        for batch in loader:
+            assert torch.equal(batch.x, torch.from_numpy(
+                rows[batch.input_nodes.numpy()]))
+    finally:
+        loader.close()
+        source.close()

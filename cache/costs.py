@@ -35,7 +35,7 @@ from hmgraph.cache.reuse_sizing import reused_in
 
 __all__ = ["KernelCosts", "Verdict", "lost_hit_share", "measure_kernel_costs",
            "random_rows", "reuse_verdict", "reused_rows",
-           "spared_read_seconds", "window_verdict"]
+           "spared_read_seconds", "staging_verdict", "window_verdict"]
 
 #: Rows of the table the kernels are timed on (48 MB at 12 bytes a
 #: node): past the last-level cache, so an id's lookup is a memory access
@@ -405,3 +405,45 @@ def window_verdict(window: int, rows_per_batch: float, hits_gained: float,
         f"{100 * hits_gained:+.2f}% of rows hit with it, "
         f"{rows_per_batch:,.0f} rows a batch, {1e3 * read_s:.2f} ms of "
         f"reads spared")
+
+
+def staging_verdict(window: int, rows_per_batch: float, capacity: int,
+                    without: float, staged, costs: KernelCosts) -> Verdict:
+    """Window read planning's seconds per batch on the profile.
+
+    Parameters
+    ----------
+    window : int
+        Batches of lookahead.
+    rows_per_batch : float
+        Unique rows a batch asks for (profiled mean).
+    capacity : int
+        Host rows of the staging area (taken from the cache's).
+    without : float
+        Modelled seconds of a batch's reads with no staging, the cache
+        holding the whole host budget (`hmgraph.cache.staging_model.
+        staged_reads` with no room).
+    staged : hmgraph.cache.staging_model.StagedReads
+        The same, the cache holding what the staging area leaves.
+    costs : KernelCosts
+
+    Returns
+    -------
+    Verdict
+
+    Notes
+    -----
+    Saved per batch: the difference of the two reads (the host rows the
+    area takes from the cache count against it: their misses are read).
+    Spent per batch: the window's ids marked and passed over for rows
+    worth bringing along; each row brought along copied in and out.
+    """
+    saves = without - staged.seconds
+    spends = window * rows_per_batch * (costs.stamp + costs.scan) \
+        + 2 * staged.staged * costs.copy_row
+    return Verdict(
+        "window read planning", saves, spends,
+        f"reads modelled at {1e3 * without:.2f} ms a batch without it, "
+        f"{1e3 * staged.seconds:.2f} ms with {staged.staged:,.0f} rows a "
+        f"batch brought along into {capacity:,} host rows of the cache's "
+        f"and {staged.served:,.0f} served from them")

@@ -30,10 +30,11 @@ import numpy as np
 import torch
 
 from hmgraph.cache.feature import Feature
-from hmgraph.cache.readplan import read_plan
+from hmgraph.cache.readplan import ReadPlan, read_plan
 from hmgraph.cache.trace_replay import split_profile
 
-__all__ = ["SPAN_GAPS", "choose_span_rows", "read_seconds", "span_score"]
+__all__ = ["SPAN_GAPS", "choose_span_rows", "planned_read", "read_seconds",
+           "span_score"]
 
 #: Span lengths tried, in break-even gaps: a held span shorter than the
 #: gap is read through like any other gap.
@@ -88,21 +89,24 @@ def span_score(score: torch.Tensor, first: int,
                        mean[spans])
 
 
-def read_seconds(source: Feature, trace, held: np.ndarray) -> float:
-    """Mean modelled seconds of a batch's reads of the rows not ``held``:
-    planned as the storage tier plans them (`hmgraph.cache.readplan.
-    read_plan`) and priced by its disk model (0.0 for a source without
-    one)."""
-    disk = getattr(source, "disk", None)
-    if disk is None or not len(trace):
-        return 0.0
+def planned_read(source: Feature, ids: np.ndarray) -> tuple[float, ReadPlan]:
+    """The block runs the storage tier ``source`` reads sorted unique
+    ``ids`` in (`hmgraph.cache.readplan.read_plan`: its geometry and gap
+    rule), and their seconds as its disk model prices them."""
     row_bytes, offset, block = source.geometry
-    gap = source.max_gap_blocks
+    plan = read_plan(ids, row_bytes, offset, block, source.max_gap_blocks)
+    return source.disk.seconds(plan.runs, plan.blocks * block), plan
+
+
+def read_seconds(source: Feature, trace, held: np.ndarray) -> float:
+    """Mean modelled seconds of a batch's reads of the rows not ``held``
+    (`planned_read`; 0.0 for a source without a disk model)."""
+    if getattr(source, "disk", None) is None or not len(trace):
+        return 0.0
     seconds = []
     for ids in trace:
         ids = ids.numpy() if torch.is_tensor(ids) else np.asarray(ids)
-        plan = read_plan(ids[~held[ids]], row_bytes, offset, block, gap)
-        seconds.append(disk.seconds(plan.runs, plan.blocks * block))
+        seconds.append(planned_read(source, ids[~held[ids]])[0])
     return float(np.mean(seconds))
 
 

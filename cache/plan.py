@@ -34,7 +34,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 
-import numpy as np
 import torch
 
 from hmgraph.cache.budget import format_bytes
@@ -61,32 +60,14 @@ from hmgraph.cache.trace_replay import (
 log = logging.getLogger(__name__)
 
 __all__ = ["METADATA_SLACK_BYTES", "REUSE_HEADROOM_PERCENT",
-           "STAGING_ROW_SHARE_MAX", "STATIC_SHARES", "CachePlan",
+           "STATIC_SHARES", "CachePlan",
            "belady_policy", "build_cache", "make_plan", "metadata_bytes",
-           "replay", "replay_hits", "row_share", "store_metadata_bytes"]
+           "replay", "replay_hits", "store_metadata_bytes"]
 
 #: Reuse buffers are sized to this share (%) of the most rows the profile
 #: held at once: an epoch samples other neighbours than its profile, and a
 #: batch past the buffers keeps fewer rows for the next.
 REUSE_HEADROOM_PERCENT = 125
-
-
-#: Window read planning pays only where a batch asks for less than this
-#: share of all rows: the staging area (a share of the host budget) can
-#: then hold much of what the next batches need, so blocks go unread.
-#: Measured: synth-products (a batch asks for 23 % of the rows) read
-#: 0.76x the bytes of no cache with staging, 1.00x without; synth-small
-#: (82 %) read 1.035x with it, 1.00x without. Both batches cover every
-#: block of the file, so block coverage does not tell them apart.
-STAGING_ROW_SHARE_MAX = 0.5
-
-
-def row_share(trace, num_rows: int) -> float:
-    """Mean share of all rows one batch of ``trace`` asks for (unique
-    ids per batch); 0.0 for an empty trace."""
-    if not len(trace) or num_rows == 0:
-        return 0.0
-    return float(np.mean([len(ids) for ids in trace])) / num_rows
 
 
 @dataclass

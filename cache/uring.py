@@ -51,6 +51,7 @@ _READV, _READ = 1, 22  # IORING_OP_READV, IORING_OP_READ
 _GETEVENTS = 1  # IORING_ENTER_GETEVENTS
 _OFF_CQ_RING, _OFF_SQES = 0x8000000, 0x10000000
 _EINTR, _EAGAIN, _EBUSY = 4, 11, 16
+_BATCH_SHARE = 4  # `_batch`: wait for a quarter of the reads in flight
 _syscall = types.ExternalFunction(
     "syscall", types.intp(types.intp, types.intp, types.intp, types.intp,
                           types.intp, types.intp, types.intp))
@@ -171,6 +172,17 @@ def _enter(layout, submit, wait):
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _batch(flying):
+    """Completions to wait for with ``flying`` reads in flight: a
+    quarter of them (at least one), so that one wake-up reaps several
+    and refills the queue with as many. Waiting for one at a time took
+    about 12% more CPU per read on the virtio disk of `bench/results`
+    (synth-igb, depth 64: 4.9 us against 4.3 us over 8 batches of 43K
+    random 4 KiB reads, at the same reads/s)."""
+    return max(1, flying // _BATCH_SHARE)
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _queue(sq, sqes, layout, opcode, fd, offset, address, n, slot):
     """Queue one read at file ``offset`` tagged with ``slot``: ``READV``
     of ``n`` iovecs at ``address``, or ``READ`` of ``n`` bytes to it; its
@@ -279,8 +291,8 @@ def ring_direct(sq, cq, sqes, layout, iov, slots, depth, fd, file_offsets,
                     pos = file_offsets[r]
         if not flying:
             return failed
-        # (2) Submit them and wait for at least one to finish; (3) reap.
-        error = _enter(layout, queued, 1)
+        # (2) Submit them and wait for a share to finish; (3) reap.
+        error = _enter(layout, queued, _batch(flying))
         if error:  # a misuse of the ring (EBADF, EFAULT, ...), not a read
             return -2 + error
         queued = (np.int64(sq[layout[_SQ_TAIL]])
@@ -370,9 +382,9 @@ def ring_pieces(sq, cq, sqes, layout, slots, depth, fd, buffer, base,
                 b = -1
         if not flying:
             return failed
-        # (2) Submit, wait for one; (3) reap, and copy out every piece
+        # (2) Submit, wait for a share; (3) reap, and copy out every piece
         # whose runs all landed.
-        error = _enter(layout, queued, 1)
+        error = _enter(layout, queued, _batch(flying))
         if error:
             return -2 + error
         queued = (np.int64(sq[layout[_SQ_TAIL]])

@@ -26,18 +26,17 @@ from hmgraph.cache.costs import (
     reuse_verdict,
     reused_rows,
     spared_read_seconds,
+    staging_verdict,
     window_verdict,
 )
-from hmgraph.cache.feature import Feature, TensorFeature
+from hmgraph.cache.feature import Feature
 from hmgraph.cache.placement import choose_span_rows, span_score
 from hmgraph.cache.plan import (
     REUSE_HEADROOM_PERCENT,
-    STAGING_ROW_SHARE_MAX,
     CachePlan,
     build_cache,
     make_plan,
     replay,
-    row_share,
 )
 from hmgraph.cache.policies import POLICIES, layer_aware_score, make_policy
 from hmgraph.cache.reuse import (
@@ -46,13 +45,14 @@ from hmgraph.cache.reuse import (
     BatchReuse,
     reuse_profile,
 )
+from hmgraph.cache.staging_model import miss_trace, staged_reads
 from hmgraph.cache.trace_replay import split_profile
 from hmgraph.memory import release_freed_memory
 
 log = logging.getLogger(__name__)
 
 __all__ = ["PROFILED_POLICIES", "STAGING_SHARE", "CacheBuilder",
-           "CachedFeatures", "gpu_cache_budget", "pin_sources"]
+           "CachedFeatures"]
 
 #: Share of the host budget staged for window read planning by default
 #: (features on the storage tier, lookahead on).
@@ -66,6 +66,9 @@ PROFILE_NEEDS = frozenset({"hotness", "hop_counts"})
 PROFILED_POLICIES = tuple(name for name, cls in POLICIES.items()
                           if cls.needs & PROFILE_NEEDS)
 
+
+#: Held-out profiled batches window read planning is replayed on.
+_PRICED_BATCHES = 8
 
 _REUSE_NAMES = {levels: name for name, levels in REUSE_LEVELS.items()}
 
@@ -190,21 +193,21 @@ class CacheBuilder:
         if profiled:
             self._profile()
         asked = 4 if window is None else window  # None: 4, then judged
-        if staging is None:
-            staging = STAGING_SHARE if asked > 0 and hasattr(
-                source, "read_along") and self._staging_pays(source) else 0.0
         if isinstance(cache, CachePlan):
             if cache.num_rows != source.num_rows:
                 raise ValueError(
                     f"plan is for {cache.num_rows} rows, features have "
                     f"{source.num_rows}")
             return cache
-        plan = partial(
+        plan = _once_each(partial(
             make_plan, policy, source.num_rows, source.row_bytes,
             device_budget_bytes, host_budget_bytes, counts=self._hotness(),
             trace=() if self.profile is None else self.profile.trace,
-            staging=staging, trace_covers_epoch=self.profile is not None
-            and self.profile.num_batches >= self.num_batches)
+            trace_covers_epoch=self.profile is not None
+            and self.profile.num_batches >= self.num_batches))
+        if staging is None:
+            staging = self._staging(source, plan, asked)
+        plan = partial(plan, staging=staging)
         if reuse == "auto":
             chosen = plan(window=asked)
             levels = self._reuse_pays(source, chosen, device_budget_bytes)
@@ -349,21 +352,44 @@ class CacheBuilder:
             return BatchReuse(built, plan.reuse_levels, plan.reuse_rows)
         return built
 
-    def _staging_pays(self, source) -> bool:
-        """Whether window read planning can save reads on this workload:
-        not where a profiled batch asks for most rows of the graph
-        (`hmgraph.cache.plan.STAGING_ROW_SHARE_MAX`); said in one log
-        line."""
-        if self.profile is None:
-            return True
-        share = row_share(self.profile.trace, source.num_rows)
-        if share <= STAGING_ROW_SHARE_MAX:
-            return True
-        log.info("window read planning off: a profiled batch asks for "
-                 "%.0f%% of the rows, more than staging could hold for the "
-                 "batches ahead (staging=%g forces it)", 100 * share,
-                 STAGING_SHARE)
-        return False
+    def _staging(self, source, plan, window: int) -> float:
+        """The host budget's share for window read planning:
+        `STAGING_SHARE` where the window is on, the source reads blocks
+        (``read_along``) and, on the profile, staging spares more reads
+        than it costs, with the cache holding what it leaves (replayed,
+        `hmgraph.cache.staging_model`); said in one log line. Without a
+        profile or a disk model it is not priced: on. ``plan`` makes a
+        plan from ``window`` and ``staging``."""
+        if window <= 0 or not hasattr(source, "read_along"):
+            return 0.0
+        trace = [] if self.profile is None else list(self.profile.trace)
+        if len(trace) < 2 or getattr(source, "disk", None) is None:
+            return STAGING_SHARE
+        on = plan(window=window, staging=STAGING_SHARE)
+        if not on.staging_rows:
+            return 0.0
+        hotness, held_out = split_profile(trace, source.num_rows)
+        held_out = held_out[:_PRICED_BATCHES]
+
+        def misses(capacity: int) -> list:
+            # ``on``'s cache, or, holding the staging area's rows too, the
+            # cache without staging (its static part kept: not replanned).
+            return miss_trace(make_policy(
+                on.policy, on.num_rows, capacity, hotness=hotness,
+                hop_counts=self.profile.hop_counts,
+                degrees=self.graph.in_degrees() if "degrees" in _needs(
+                    on.policy) else None, static_rows=on.static_rows,
+                window=on.window), held_out)
+
+        held = on.device_rows + on.host_rows
+        without = staged_reads(source, misses(held + on.staging_rows),
+                               window, 0).seconds
+        staged = staged_reads(source, misses(held), window, on.staging_rows)
+        verdict = staging_verdict(
+            window, float(np.mean([len(ids) for ids in trace])),
+            on.staging_rows, without, staged, self._costs(source))
+        log.info("%s", verdict.describe(f"staging={STAGING_SHARE}"))
+        return STAGING_SHARE if verdict.pays else 0.0
 
     def _hotness(self) -> torch.Tensor | None:
         """Profiled score per row for static placement."""
@@ -394,6 +420,23 @@ class CacheBuilder:
         dgl.seed(int(np.random.randint(0, 2**31 - 1)))
         log.info("profiled %d batches in %.1f s", self.profile.num_batches,
                  time.perf_counter() - start)
+
+
+def _once_each(make):
+    """``make`` (`make_plan` with all but ``window``, ``staging`` and
+    ``reuse_levels`` given), each plan made once: staging is priced on
+    the plan with it (`CacheBuilder._staging`), which is then the plan
+    where it pays."""
+    plans = {}
+
+    def plan(window: int, staging: float, reuse_levels: int = 0):
+        key = (window, staging, reuse_levels)
+        if key not in plans:
+            plans[key] = make(window=window, staging=staging,
+                              reuse_levels=reuse_levels)
+        return plans[key]
+
+    return plan
 
 
 def _ring_rows(plan: CachePlan, levels: int, sizing: dict,
@@ -431,41 +474,3 @@ def _hit_rate(plan: CachePlan) -> float:
         if point["static_rows"] == plan.static_rows:
             return point["hit_rate"]
     return min(1.0, _held(plan) / plan.num_rows) if plan.num_rows else 0.0
-
-
-def gpu_cache_budget(gpu_cache, budget: int, device: torch.device,
-                        feature_name: str, sources: dict) -> int:
-    """The device tier's budget: ``budget``, or more where DGL's
-    ``gpu_cache`` (``{"node": {feature_name: rows}}``) asks for more.
-
-    Raises
-    ------
-    ValueError
-        ``gpu_cache`` off CUDA, or naming another feature.
-    """
-    if not gpu_cache:
-        return budget
-    if device.type != "cuda":
-        raise ValueError(f"gpu_cache needs a CUDA device; the loader's "
-                         f"device is {device}")
-    extra = set(gpu_cache) - {"node"}
-    names = set(gpu_cache.get("node", {}))
-    if extra or names - {feature_name}:
-        raise ValueError(
-            f"gpu_cache {gpu_cache!r}: hmgraph caches one node feature "
-            f"({feature_name!r}); give {{'node': "
-            f"{{{feature_name!r}: rows}}}}")
-    rows = int(gpu_cache["node"].get(feature_name, 0))
-    row_bytes = max((s.row_bytes for s in sources.values()), default=0)
-    return max(budget, rows * row_bytes)
-
-
-def pin_sources(graph, sources: dict) -> None:
-    """UVA: the graph and in-memory rows in pinned host memory (the
-    sources are replaced in place)."""
-    graph.create_formats_()
-    graph.pin_memory_()
-    for ntype, source in sources.items():
-        if isinstance(source, TensorFeature) and \
-                source.device.type == "cpu":
-            sources[ntype] = TensorFeature(source.rows.pin_memory())

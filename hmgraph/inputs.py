@@ -3,7 +3,8 @@
 Checked and normalised as DGL 2.1's loader takes them (its default
 device, any index container), with one-line errors for what cannot be
 used: ids out of range for the sampler's meaning of them, features whose
-row count does not match the graph.
+row count does not match the graph. On CUDA, DGL's ``gpu_cache`` as the
+device tier's budget, and UVA's pinned rows.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from hmgraph.cache.format import FeatureFileError, with_remedy
 from hmgraph.cache.storage import StorageFeature
 
 __all__ = ["ArrayFeature", "as_feature", "as_indices", "feature_sources",
-           "loader_device"]
+           "gpu_cache_budget", "loader_device", "pin_sources"]
 
 
 def loader_device(device, graph, use_uva: bool) -> torch.device:
@@ -150,3 +151,41 @@ class ArrayFeature(Feature):
 
     def _read(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(self.rows[ids.numpy()]))
+
+
+def gpu_cache_budget(gpu_cache, budget: int, device: torch.device,
+                        feature_name: str, sources: dict) -> int:
+    """The device tier's budget: ``budget``, or more where DGL's
+    ``gpu_cache`` (``{"node": {feature_name: rows}}``) asks for more.
+
+    Raises
+    ------
+    ValueError
+        ``gpu_cache`` off CUDA, or naming another feature.
+    """
+    if not gpu_cache:
+        return budget
+    if device.type != "cuda":
+        raise ValueError(f"gpu_cache needs a CUDA device; the loader's "
+                         f"device is {device}")
+    extra = set(gpu_cache) - {"node"}
+    names = set(gpu_cache.get("node", {}))
+    if extra or names - {feature_name}:
+        raise ValueError(
+            f"gpu_cache {gpu_cache!r}: hmgraph caches one node feature "
+            f"({feature_name!r}); give {{'node': "
+            f"{{{feature_name!r}: rows}}}}")
+    rows = int(gpu_cache["node"].get(feature_name, 0))
+    row_bytes = max((s.row_bytes for s in sources.values()), default=0)
+    return max(budget, rows * row_bytes)
+
+
+def pin_sources(graph, sources: dict) -> None:
+    """UVA: the graph and in-memory rows in pinned host memory (the
+    sources are replaced in place)."""
+    graph.create_formats_()
+    graph.pin_memory_()
+    for ntype, source in sources.items():
+        if isinstance(source, TensorFeature) and \
+                source.device.type == "cpu":
+            sources[ntype] = TensorFeature(source.rows.pin_memory())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 
-from hmgraph import cachebuild, dglbatch, stages
+from hmgraph import cachebuild, dglbatch, inputs, stages
 from hmgraph.cachebuild import PROFILED_POLICIES, STAGING_SHARE
 from hmgraph.inputs import as_indices, feature_sources, loader_device
 from hmgraph.loaderargs import check_arguments, default_labels, gpu_options
@@ -105,8 +105,8 @@ class DataLoader:
     staging : float, optional
         Share of the host budget for window read planning, used as given;
         default `hmgraph.cachebuild.STAGING_SHARE` with the storage tier
-        and lookahead, unless a profiled batch asks for over
-        `hmgraph.cache.plan.STAGING_ROW_SHARE_MAX` of the rows, else 0.
+        and lookahead where it spares more reads than it costs on the
+        profile (`hmgraph.cache.staging_model`), else 0.
     profile : hmgraph.samplers.presample.Profile, optional
         A profile of this loader's batches, used instead of profiling.
     **kwargs
@@ -168,11 +168,11 @@ class DataLoader:
         # (2) The cached feature's source per node type; the labels.
         sources = feature_sources(graph, features, feature_name)
         self.labels = default_labels(graph, labels)
-        device_budget_bytes = cachebuild.gpu_cache_budget(
+        device_budget_bytes = inputs.gpu_cache_budget(
             gpu_cache, device_budget_bytes, self.device, feature_name,
             sources)
         if use_uva:
-            cachebuild.pin_sources(graph, sources)
+            inputs.pin_sources(graph, sources)
         # (3) The cache, planned and built per node type.
         built = cachebuild.CacheBuilder(
             graph, graph_sampler, self.indices, batch_size, shuffle, seed,

@@ -1,5 +1,6 @@
-"""Static rows held as whole spans where the file is read through gaps
-(`hmgraph.cache.placement`, `hmgraph.cachebuild`)."""
+"""Placement and staging priced on the profile for a file read through
+gaps: static rows held as whole spans (`hmgraph.cache.placement`), window
+read planning replayed (`hmgraph.cache.staging_model`)."""
 
 import logging
 
@@ -9,9 +10,11 @@ import pytest
 import torch
 
 import hmgraph
+from hmgraph.cache.costs import KernelCosts, staging_verdict
 from hmgraph.cache.disk import DiskModel
 from hmgraph.cache.format import write_feature_file
 from hmgraph.cache.placement import choose_span_rows, read_seconds, span_score
+from hmgraph.cache.staging_model import StagedReads, staged_reads
 from hmgraph.cache.storage import StorageFeature
 
 #: 4,000 reads/s and 400 MB/s: a gap under 100 KB is read through.
@@ -115,3 +118,56 @@ def test_loader_holds_spans_and_returns_the_file_rows(tmp_path, caplog):
     finally:
         loader.close()
         source.close()
+
+
+class _File:
+    """What the staging replay reads of a storage tier: 8-byte rows (64
+    a block of 512 B), no gap read through, 1,000 reads/s and 1 MB/s."""
+
+    num_rows = 1024
+    geometry = (8, 0, 512)
+    max_gap_blocks = 0
+    disk = DiskModel(iops=1000.0, bandwidth=1e6, queue_depth=1,
+                     block_bytes=512)
+
+
+def test_staging_replay_brings_along_what_the_runs_cover():
+    misses = [np.array(ids) for ids in ([0, 128], [1, 129], [2, 300])]
+    block = 512 / 1e6
+    # Batch 0 reads blocks 0 and 2; rows 1, 129 (batch 1) and 2 (batch
+    # 2) lie on them and come along; 300 (block 4) does not. Batch 1 is
+    # served whole, batch 2 reads block 4 alone.
+    staged = staged_reads(_File(), misses, 2, 10)
+    assert staged.seconds == pytest.approx(
+        (2 / 1000 + 2 * block + 0 + 1 / 1000 + block) / 3)
+    assert staged.staged == pytest.approx(3 / 3)
+    assert staged.served == pytest.approx(3 / 3)
+    # No room: every batch reads its own blocks.
+    off = staged_reads(_File(), misses, 2, 0)
+    assert off.seconds == pytest.approx(3 * (2 / 1000 + 2 * block) / 3)
+    assert off.staged == off.served == 0
+    # Room for one row: the soonest needed (batch 1's row 1) comes along.
+    one = staged_reads(_File(), misses, 2, 1)
+    assert one.staged == pytest.approx(1 / 3)
+    assert one.served == pytest.approx(1 / 3)
+    # A window of one batch: batch 2's row 2 is not brought by batch 0.
+    near = staged_reads(_File(), misses, 1, 10)
+    assert near.staged == pytest.approx(2 / 3)
+
+
+def test_staging_verdict_weighs_the_reads_against_its_work():
+    costs = KernelCosts(scan=10e-9, stamp=5e-9, sort_pass=2e-9,
+                        copy_row=40e-9, row_bytes=400)
+    verdict = staging_verdict(4, 1000.0, 500, 0.010,
+                              StagedReads(0.006, 200.0, 150.0), costs)
+    assert verdict.saves == pytest.approx(0.004)
+    assert verdict.costs == pytest.approx(4 * 1000 * 15e-9
+                                          + 2 * 200 * 40e-9)
+    assert verdict.pays and "200 rows a batch brought along into 500 " \
+        "host rows" in verdict.describe("staging=0.5")
+    # The host rows it takes from the cache read more than it spares.
+    worse = staging_verdict(4, 1000.0, 500, 0.010,
+                            StagedReads(0.011, 200.0, 150.0), costs)
+    assert not worse.pays
+    assert worse.describe("staging=0.5").startswith(
+        "window read planning off: saves -1.00 ms")

@@ -12,8 +12,10 @@ cache.
 Holding whole spans of consecutive rows instead, the densest spans
 first, takes them out of the reads: 0.80x the bytes and 0.84x the
 modelled seconds of no cache on synth-small, 0.79x and 0.81x on
-synth-products, each with a fifth of the rows held in spans of 1,024.
-Where batches are sparse (4 KiB rows, a few per gap) the hottest rows
+synth-products, each with a fifth of the rows held in spans of 1,024
+(a prototype; the loader's plan for synth-products holds 3% of the rows
+static and keeps the hottest, its lookahead region the rest). Where
+batches are sparse (4 KiB rows, a few per gap) the hottest rows
 save more. `choose_span_rows` measures both on the profile and keeps
 whichever the disk model prices lower: hotness counted on the first
 half of the profiled batches, their reads priced on the second half.

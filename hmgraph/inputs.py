@@ -154,7 +154,7 @@ class ArrayFeature(Feature):
 
 
 def gpu_cache_budget(gpu_cache, budget: int, device: torch.device,
-                        feature_name: str, sources: dict) -> int:
+                     feature_name: str, sources: dict) -> int:
     """The device tier's budget: ``budget``, or more where DGL's
     ``gpu_cache`` (``{"node": {feature_name: rows}}``) asks for more.
 

@@ -30,7 +30,7 @@ import torch
 
 from hmgraph.cache import reuse_engine
 from hmgraph.cache.feature import Feature, TensorFeature
-from hmgraph.cache.readplan import read_plan
+from hmgraph.cache.placement import PRICED_BATCHES, planned_read
 from hmgraph.cache.reuse_sizing import reused_in
 
 __all__ = ["KernelCosts", "Verdict", "lost_hit_share", "measure_kernel_costs",
@@ -43,8 +43,6 @@ __all__ = ["KernelCosts", "Verdict", "lost_hit_share", "measure_kernel_costs",
 _TABLE_ROWS = 1 << 22
 #: Ids (and rows) per timed call.
 _SAMPLE = 1 << 17
-#: Profiled batches whose storage reads `spared_read_seconds` prices.
-_PRICED_BATCHES = 8
 
 
 @dataclass(frozen=True)
@@ -213,7 +211,7 @@ def _transfer_rate(device: str) -> float | None:
 
 
 def spared_read_seconds(source: Feature, trace, miss_share: float,
-                        spared, batches: int = _PRICED_BATCHES,
+                        spared, batches: int = PRICED_BATCHES,
                         seed: int = 0) -> float:
     """Seconds a batch's storage reads get shorter when a mechanism
     spares rows, on the profile.
@@ -247,16 +245,12 @@ def spared_read_seconds(source: Feature, trace, miss_share: float,
         saves little, where they are scattered each spared row saves a
         request.
     """
-    disk = getattr(source, "disk", None)
-    if isinstance(source, TensorFeature) or disk is None or not len(trace):
+    if isinstance(source, TensorFeature) or getattr(
+            source, "disk", None) is None or not len(trace):
         return 0.0
-    row_bytes, offset, block = source.geometry
-    gap = source.max_gap_blocks
 
     def seconds(ids: np.ndarray) -> float:
-        plan = read_plan(ids, row_bytes, offset, block, gap)
-        blocks = int((plan.run_last - plan.run_first + 1).sum())
-        return disk.seconds(len(plan.run_first), blocks * block)
+        return planned_read(source, ids)[0]
 
     rng = np.random.default_rng(seed)
     saved = []

@@ -35,8 +35,8 @@ from hmgraph.cache.feature import Feature
 from hmgraph.cache.readplan import ReadPlan, read_plan
 from hmgraph.cache.trace_replay import split_profile
 
-__all__ = ["SPAN_GAPS", "choose_span_rows", "planned_read", "read_seconds",
-           "span_score"]
+__all__ = ["PRICED_BATCHES", "SPAN_GAPS", "choose_span_rows", "planned_read",
+           "read_seconds", "span_score"]
 
 #: Span lengths tried, in break-even gaps: a held span shorter than the
 #: gap is read through like any other gap.
@@ -44,8 +44,9 @@ SPAN_GAPS = (2, 8, 32)
 #: The span placement is kept only when its reads are priced this much
 #: below the hottest rows' (a share of theirs).
 _MARGIN = 0.03
-#: Held-out profiled batches priced per placement.
-_PRICED_BATCHES = 8
+#: Profiled batches a planning decision prices (the held-out ones where
+#: it is judged on batches it was not chosen from).
+PRICED_BATCHES = 8
 
 
 def span_score(score: torch.Tensor, first: int,
@@ -142,7 +143,7 @@ def choose_span_rows(source: Feature, trace, first: int, held: int
         return 0, {}
     n = source.num_rows
     hotness, held_out = split_profile(list(trace), n)
-    held_out = held_out[:_PRICED_BATCHES]
+    held_out = held_out[:PRICED_BATCHES]
     gap_rows = max(1, -(-gap // source.row_bytes))
     seconds = {}
     for span in (0,) + tuple(m * gap_rows for m in SPAN_GAPS):

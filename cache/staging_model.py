@@ -31,6 +31,7 @@ import torch
 
 from hmgraph.cache.feature import Feature
 from hmgraph.cache.placement import planned_read
+from hmgraph.cache.reuse_sizing import member
 from hmgraph.cache.trace_replay import replay_hits
 
 __all__ = ["StagedReads", "miss_trace", "staged_reads"]
@@ -89,7 +90,8 @@ def staged_reads(source: Feature, misses: Sequence[np.ndarray],
     """
     if not len(misses):
         return StagedReads(0.0, 0.0, 0.0)
-    staged = np.zeros(source.num_rows, dtype=bool)
+    staged = np.zeros(source.num_rows, dtype=bool)  # per row
+    held = np.zeros(0, dtype=np.int64)  # the staged ids: no pass over rows
     ahead = np.zeros(source.num_rows, dtype=bool)
     seconds = brought = served = 0.0
     for t, ids in enumerate(misses):
@@ -101,29 +103,22 @@ def staged_reads(source: Feature, misses: Sequence[np.ndarray],
         # just served among them).
         for batch in coming:
             ahead[batch] = True
-        held = np.flatnonzero(staged)
         staged[held[~ahead[held]]] = False
+        held = held[ahead[held]]
         cost, plan = planned_read(source, read)
         seconds += cost
-        room = capacity - int(staged.sum())
         for batch in coming:  # the soonest needed first
+            room = capacity - len(held)
             if room <= 0:
                 break
             # Not this batch's rows, not rows staged already.
-            wanted = batch[~staged[batch] & ~_member(batch, ids)]
+            wanted = batch[~staged[batch] & ~member(
+                torch.from_numpy(batch), torch.from_numpy(ids))[0].numpy()]
             taken = wanted[plan.covers(wanted, *source.geometry)][:room]
             staged[taken] = True
+            held = np.concatenate([held, taken])
             brought += len(taken)
-            room -= len(taken)
         for batch in coming:
             ahead[batch] = False
     n = len(misses)
     return StagedReads(seconds / n, brought / n, served / n)
-
-
-def _member(values: np.ndarray, sorted_ids: np.ndarray) -> np.ndarray:
-    """bool per value: whether it is in ``sorted_ids``."""
-    if not len(sorted_ids):
-        return np.zeros(len(values), dtype=bool)
-    at = np.minimum(np.searchsorted(sorted_ids, values), len(sorted_ids) - 1)
-    return sorted_ids[at] == values

@@ -30,7 +30,11 @@ from hmgraph.cache.costs import (
     window_verdict,
 )
 from hmgraph.cache.feature import Feature
-from hmgraph.cache.placement import choose_span_rows, span_score
+from hmgraph.cache.placement import (
+    PRICED_BATCHES,
+    choose_span_rows,
+    span_score,
+)
 from hmgraph.cache.plan import (
     REUSE_HEADROOM_PERCENT,
     CachePlan,
@@ -66,9 +70,6 @@ PROFILE_NEEDS = frozenset({"hotness", "hop_counts"})
 PROFILED_POLICIES = tuple(name for name, cls in POLICIES.items()
                           if cls.needs & PROFILE_NEEDS)
 
-
-#: Held-out profiled batches window read planning is replayed on.
-_PRICED_BATCHES = 8
 
 _REUSE_NAMES = {levels: name for name, levels in REUSE_LEVELS.items()}
 
@@ -369,7 +370,7 @@ class CacheBuilder:
         if not on.staging_rows:
             return 0.0
         hotness, held_out = split_profile(trace, source.num_rows)
-        held_out = held_out[:_PRICED_BATCHES]
+        held_out = held_out[:PRICED_BATCHES]
 
         def misses(capacity: int) -> list:
             # ``on``'s cache, or, holding the staging area's rows too, the

@@ -35,7 +35,8 @@ from hmgraph.cache.reuse_sizing import reused_in
 
 __all__ = ["KernelCosts", "Verdict", "lost_hit_share", "measure_kernel_costs",
            "random_rows", "reuse_verdict", "reused_rows",
-           "spared_read_seconds", "staging_verdict", "window_verdict"]
+           "spared_read_seconds", "staging_verdict", "static_verdict",
+           "window_verdict"]
 
 #: Rows of the table the kernels are timed on (48 MB at 12 bytes a
 #: node): past the last-level cache, so an id's lookup is a memory access
@@ -432,12 +433,65 @@ def staging_verdict(window: int, rows_per_batch: float, capacity: int,
     Spent per batch: the window's ids marked and passed over for rows
     worth bringing along; each row brought along copied in and out.
     """
-    saves = without - staged.seconds
-    spends = window * rows_per_batch * (costs.stamp + costs.scan) \
-        + 2 * staged.staged * costs.copy_row
     return Verdict(
-        "window read planning", saves, spends,
+        "window read planning", without - staged.seconds,
+        _planning_work(window, rows_per_batch, staged, costs),
         f"reads modelled at {1e3 * without:.2f} ms a batch without it, "
         f"{1e3 * staged.seconds:.2f} ms with {staged.staged:,.0f} rows a "
         f"batch brought along into {capacity:,} host rows of the cache's "
         f"and {staged.served:,.0f} served from them")
+
+
+def static_verdict(window: int, rows_per_batch: float, dynamic,
+                   static_s: float, span_rows: int,
+                   costs: KernelCosts) -> Verdict:
+    """The ``hmgraph`` policy's dynamic region on the profile, against its
+    tiers' rows all held static.
+
+    Parameters
+    ----------
+    window : int
+        Batches of lookahead of the plan with the dynamic region.
+    rows_per_batch : float
+        Unique rows a batch asks for (profiled mean).
+    dynamic : hmgraph.cache.staging_model.StagedReads
+        Modelled reads of a batch with the dynamic region (and staging,
+        where the plan has it), replayed on held-out batches.
+    static_s : float
+        Modelled seconds of a batch's reads with every row of the tiers
+        static (`hmgraph.cache.placement.choose_span_rows`), on the same
+        batches.
+    span_rows : int
+        The spans those static rows lie in (0: the hottest rows).
+    costs : KernelCosts
+
+    Returns
+    -------
+    Verdict
+
+    Notes
+    -----
+    Saved per batch: the reads the dynamic region spares. Spent per
+    batch: the window's ids marked and passed over, and each row brought
+    along copied in and out (as `staging_verdict`); the region's own
+    choice and admissions are not counted, so the static plan is taken
+    only where the reads alone favour it or the window's work outweighs
+    what it spares.
+    """
+    held = f"in spans of {span_rows}" if span_rows else "by hotness"
+    return Verdict(
+        "the dynamic region", static_s - dynamic.seconds,
+        _planning_work(window, rows_per_batch, dynamic, costs),
+        f"reads modelled at {1e3 * static_s:.2f} ms a batch with every "
+        f"row static ({held}), {1e3 * dynamic.seconds:.2f} ms with it, "
+        f"window {window}, {dynamic.staged:,.0f} rows a batch brought "
+        f"along")
+
+
+def _planning_work(window: int, rows_per_batch: float, staged,
+                   costs: KernelCosts) -> float:
+    """Seconds a batch of window read planning spends: the window's ids
+    marked and passed over, each row brought along (``staged``:
+    `hmgraph.cache.staging_model.StagedReads`) copied in and out."""
+    return window * rows_per_batch * (costs.stamp + costs.scan) \
+        + 2 * staged.staged * costs.copy_row

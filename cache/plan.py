@@ -62,7 +62,8 @@ log = logging.getLogger(__name__)
 __all__ = ["METADATA_SLACK_BYTES", "REUSE_HEADROOM_PERCENT",
            "STATIC_SHARES", "CachePlan",
            "belady_policy", "build_cache", "make_plan", "metadata_bytes",
-           "replay", "replay_hits", "store_metadata_bytes"]
+           "replay", "replay_hits", "reuse_ring_rows",
+           "store_metadata_bytes"]
 
 #: Reuse buffers are sized to this share (%) of the most rows the profile
 #: held at once: an epoch samples other neighbours than its profile, and a
@@ -140,6 +141,29 @@ class CachePlan:
                 "host": metadata_bytes(self.policy, self.num_rows,
                                        self.device_rows, self.host_rows,
                                        self.staging_rows)}
+
+    @property
+    def held_rows(self) -> int:
+        """Rows the two tiers hold."""
+        return self.device_rows + self.host_rows
+
+    @property
+    def placed_rows(self) -> int:
+        """Rows placed by score for good: the static part, or both tiers
+        for a policy that does not split them."""
+        if POLICIES[self.policy].splits_static:
+            return self.static_rows
+        return self.held_rows
+
+    @property
+    def hit_rate(self) -> float:
+        """Profiled hit rate: the chosen split's on the replayed
+        ``curve``, else the share of rows the tiers hold."""
+        for point in self.curve:
+            if point["static_rows"] == self.static_rows:
+                return point["hit_rate"]
+        return min(1.0, self.held_rows / self.num_rows) if self.num_rows \
+            else 0.0
 
     @property
     def device_static_rows(self) -> int:
@@ -376,6 +400,21 @@ def _layout(policy, num_rows, row_bytes, device_rows, host_budget, staging,
                                              round(share * capacity)))
         plan.curve = first.curve
     return plan
+
+
+def reuse_ring_rows(plan: CachePlan, levels: int, sizing: dict,
+                    table_bytes: int) -> int:
+    """Device rows batch reuse takes from the cache: its id table and
+    ``levels`` buffers, each sized as `make_plan` sizes them on the
+    profile (``sizing``: `hmgraph.cache.reuse.reuse_profile`), or as
+    ``plan`` (with reuse) sized them."""
+    table = -(-table_bytes // plan.row_bytes)
+    if plan.reuse_levels:
+        return table + plan.reuse_levels * plan.reuse_rows
+    room = max(0, plan.device_rows - table)
+    ring = min(-(-max(sizing["rows_per_level"]) * REUSE_HEADROOM_PERCENT
+                 // 100), room // levels)
+    return min(plan.device_rows, table + levels * ring)
 
 
 def _device_resident(plan: CachePlan, counts) -> torch.Tensor | None:

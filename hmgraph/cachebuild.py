@@ -27,6 +27,7 @@ from hmgraph.cache.costs import (
     reused_rows,
     spared_read_seconds,
     staging_verdict,
+    static_verdict,
     window_verdict,
 )
 from hmgraph.cache.feature import Feature
@@ -36,11 +37,11 @@ from hmgraph.cache.placement import (
     span_score,
 )
 from hmgraph.cache.plan import (
-    REUSE_HEADROOM_PERCENT,
     CachePlan,
     build_cache,
     make_plan,
     replay,
+    reuse_ring_rows,
 )
 from hmgraph.cache.policies import POLICIES, layer_aware_score, make_policy
 from hmgraph.cache.reuse import (
@@ -200,15 +201,18 @@ class CacheBuilder:
                     f"plan is for {cache.num_rows} rows, features have "
                     f"{source.num_rows}")
             return cache
-        plan = _once_each(partial(
-            make_plan, policy, source.num_rows, source.row_bytes,
-            device_budget_bytes, host_budget_bytes, counts=self._hotness(),
+        layout = partial(
+            make_plan, num_rows=source.num_rows, row_bytes=source.row_bytes,
+            device_budget_bytes=device_budget_bytes,
+            host_budget_bytes=host_budget_bytes, counts=self._hotness(),
             trace=() if self.profile is None else self.profile.trace,
             trace_covers_epoch=self.profile is not None
-            and self.profile.num_batches >= self.num_batches))
+            and self.profile.num_batches >= self.num_batches)
+        base = _once_each(partial(layout, policy))
+        priced = window is None and staging is None
         if staging is None:
-            staging = self._staging(source, plan, asked)
-        plan = partial(plan, staging=staging)
+            staging = self._staging(source, base, asked)
+        plan = partial(base, staging=staging)
         if reuse == "auto":
             chosen = plan(window=asked)
             levels = self._reuse_pays(source, chosen, device_budget_bytes)
@@ -222,7 +226,9 @@ class CacheBuilder:
         if window is None and not staging and not levels and chosen.window:
             chosen = self._window_pays(source, chosen)
         if "hotness" in _needs(policy) and self.placement == "frequency":
-            chosen = self._spans_pay(source, chosen)
+            static = self._static_pays(source, layout, chosen) if priced \
+                and not chosen.reuse_levels else None
+            chosen = static or self._spans_pay(source, chosen)
         return chosen
 
     def _costs(self, source) -> KernelCosts:
@@ -235,7 +241,7 @@ class CacheBuilder:
         one saving the most; said in one log line. ``plan`` is the cache
         without reuse, or, ``forced``, with the levels asked for, which
         are judged and kept. Each ring is charged the device room it takes
-        from the cache (`_ring_rows`): the requests of the rows the cache
+        from the cache (`reuse_ring_rows`): the requests of the rows the cache
         would no longer hold (`lost_hit_share`), with their transfers and
         reads."""
         costs, trace = self._costs(source), self.profile.trace
@@ -249,11 +255,11 @@ class CacheBuilder:
                          "%d bytes of device memory, the budget is %d",
                          _REUSE_NAMES[n], table, device_budget_bytes)
                 continue
-            taken = _ring_rows(plan, n, sizing, table)
-            held = _held(plan) + (taken if forced else 0)
+            taken = reuse_ring_rows(plan, n, sizing, table)
+            held = plan.held_rows + (taken if forced else 0)
             lost = lost_hit_share(self.profile.counts, score, held,
                                   held - taken)
-            hit = min(1.0, _hit_rate(plan) + (lost if forced else 0.0))
+            hit = min(1.0, plan.hit_rate + (lost if forced else 0.0))
             miss = 1.0 - hit + lost
             added = spared_read_seconds(
                 source, trace, miss, random_rows(lost / miss)) if lost \
@@ -277,7 +283,7 @@ class CacheBuilder:
         window over none, replayed on the profile as the split was
         chosen (`choose_static_rows`); said in one log line."""
         trace = list(self.profile.trace) if self.profile is not None else []
-        with_window = _hit_rate(plan)
+        with_window = plan.hit_rate
         without = with_window
         if len(trace) >= 2:
             hotness, held_out = split_profile(trace, plan.num_rows)
@@ -294,14 +300,15 @@ class CacheBuilder:
         log.info("%s", verdict.describe(f"window={plan.window}"))
         return plan if verdict.pays else replace(plan, window=0)
 
-    def _spans_pay(self, source, plan: CachePlan) -> CachePlan:
+    def _spans_pay(self, source, plan: CachePlan, spans=None
+                   ) -> CachePlan:
         """``plan``, its static rows below the device tier's held as whole
         spans where the disk model prices the reads of the rest lower so
-        on the profile (`hmgraph.cache.placement`); said in one log line.
-        """
-        first, held = self._span_first(plan), _static_held(plan)
-        span, seconds = choose_span_rows(source, self.profile.trace, first,
-                                         held)
+        on the profile (`hmgraph.cache.placement`; ``spans``: its answer
+        for ``plan``, where taken); said in one log line."""
+        span, seconds = spans or choose_span_rows(
+            source, self.profile.trace, self._span_first(plan),
+            plan.placed_rows)
         if not seconds:
             return plan
         tried = ", ".join(f"{1e3 * s:.1f} ms in spans of {n}" for n, s in
@@ -312,12 +319,43 @@ class CacheBuilder:
                  1e3 * seconds[0], tried)
         return replace(plan, span_rows=span)
 
+    def _static_pays(self, source, layout, plan: CachePlan
+                     ) -> CachePlan | None:
+        """``presample``'s plan (``plan``'s policy with every row static
+        and no window, less its bookkeeping) where ``plan`` has nothing
+        dynamic, or its dynamic region spares less than its window and
+        staging cost on the profile (`static_verdict`, said in one log
+        line); None: ``plan`` stays. ``layout`` makes a plan from a
+        policy, a window and a staging share."""
+        trace = list(self.profile.trace)
+        if not POLICIES[plan.policy].splits_static:
+            return None
+        static = layout("presample", window=0, staging=0.0)
+        spans = choose_span_rows(source, trace, self._span_first(static),
+                                 static.held_rows)
+        if plan.window or plan.staging_rows or \
+                plan.static_rows < plan.held_rows:
+            if not spans[1]:  # not priced: no disk model or profile
+                return None
+            dynamic = staged_reads(source, self._misses(
+                plan, plan.held_rows), plan.window, plan.staging_rows)
+            verdict = static_verdict(
+                plan.window, float(np.mean([len(ids) for ids in trace])),
+                dynamic, spans[1][spans[0]], spans[0], self._costs(source))
+            log.info("%s", verdict.describe(f"window={plan.window}"))
+            if verdict.pays:
+                return None
+        log.info("%s with every row static and no window: presample's "
+                 "plan, %+d rows without the dynamic region's bookkeeping",
+                 plan.policy, static.held_rows - plan.held_rows)
+        return self._spans_pay(source, static, spans)
+
     def _span_first(self, plan: CachePlan) -> int:
         """Static rows kept by hotness above the spans: the device tier's
         on a GPU, whose hits also spare transfers; none on the CPU."""
         if self.device.type == "cpu":
             return 0
-        return min(plan.device_rows, _static_held(plan))
+        return min(plan.device_rows, plan.placed_rows)
 
     def _placement_score(self, plan: CachePlan) -> torch.Tensor | None:
         """The score static placement ranks rows by: the profiled one,
@@ -357,10 +395,10 @@ class CacheBuilder:
         """The host budget's share for window read planning:
         `STAGING_SHARE` where the window is on, the source reads blocks
         (``read_along``) and, on the profile, staging spares more reads
-        than it costs, with the cache holding what it leaves (replayed,
-        `hmgraph.cache.staging_model`); said in one log line. Without a
-        profile or a disk model it is not priced: on. ``plan`` makes a
-        plan from ``window`` and ``staging``."""
+        than it costs, the cache holding what it leaves (replayed,
+        `hmgraph.cache.staging_model`), said in one log line; on where
+        nothing prices it. ``plan`` makes a plan from a window and a
+        staging share."""
         if window <= 0 or not hasattr(source, "read_along"):
             return 0.0
         trace = [] if self.profile is None else list(self.profile.trace)
@@ -369,28 +407,30 @@ class CacheBuilder:
         on = plan(window=window, staging=STAGING_SHARE)
         if not on.staging_rows:
             return 0.0
-        hotness, held_out = split_profile(trace, source.num_rows)
-        held_out = held_out[:PRICED_BATCHES]
-
-        def misses(capacity: int) -> list:
-            # ``on``'s cache, or, holding the staging area's rows too, the
-            # cache without staging (its static part kept: not replanned).
-            return miss_trace(make_policy(
-                on.policy, on.num_rows, capacity, hotness=hotness,
-                hop_counts=self.profile.hop_counts,
-                degrees=self.graph.in_degrees() if "degrees" in _needs(
-                    on.policy) else None, static_rows=on.static_rows,
-                window=on.window), held_out)
-
-        held = on.device_rows + on.host_rows
-        without = staged_reads(source, misses(held + on.staging_rows),
-                               window, 0).seconds
-        staged = staged_reads(source, misses(held), window, on.staging_rows)
+        # ``on``'s cache, or, holding the staging area's rows too, the
+        # cache without staging (its static part kept: not replanned).
+        without = staged_reads(source, self._misses(
+            on, on.held_rows + on.staging_rows), window, 0).seconds
+        staged = staged_reads(source, self._misses(on, on.held_rows),
+                              window, on.staging_rows)
         verdict = staging_verdict(
             window, float(np.mean([len(ids) for ids in trace])),
             on.staging_rows, without, staged, self._costs(source))
         log.info("%s", verdict.describe(f"staging={STAGING_SHARE}"))
         return STAGING_SHARE if verdict.pays else 0.0
+
+    def _misses(self, plan: CachePlan, capacity: int) -> list:
+        """Ids ``plan``'s policy misses per held-out profiled batch
+        (`PRICED_BATCHES` of them), with ``capacity`` rows, its static
+        part and window kept."""
+        hotness, held_out = split_profile(list(self.profile.trace),
+                                          plan.num_rows)
+        return miss_trace(make_policy(
+            plan.policy, plan.num_rows, capacity, hotness=hotness,
+            hop_counts=self.profile.hop_counts,
+            degrees=self.graph.in_degrees() if "degrees" in _needs(
+                plan.policy) else None, static_rows=plan.static_rows,
+            window=plan.window), held_out[:PRICED_BATCHES])
 
     def _hotness(self) -> torch.Tensor | None:
         """Profiled score per row for static placement."""
@@ -438,40 +478,3 @@ def _once_each(make):
         return plans[key]
 
     return plan
-
-
-def _ring_rows(plan: CachePlan, levels: int, sizing: dict,
-               table_bytes: int) -> int:
-    """Device rows batch reuse takes from the cache: its id table and
-    ``levels`` buffers, each sized as `hmgraph.cache.plan.make_plan`
-    sizes them on the profile (``sizing``: `reuse_profile`), or as
-    ``plan`` (with reuse) sized them."""
-    table = -(-table_bytes // plan.row_bytes)
-    if plan.reuse_levels:
-        return table + plan.reuse_levels * plan.reuse_rows
-    room = max(0, plan.device_rows - table)
-    ring = min(-(-max(sizing["rows_per_level"]) * REUSE_HEADROOM_PERCENT
-                 // 100), room // levels)
-    return min(plan.device_rows, table + levels * ring)
-
-
-def _static_held(plan: CachePlan) -> int:
-    """Rows ``plan`` places by score for good: its static part, or both
-    tiers for a policy that does not split them."""
-    if POLICIES[plan.policy].splits_static:
-        return plan.static_rows
-    return _held(plan)
-
-
-def _held(plan: CachePlan) -> int:
-    """Rows ``plan``'s tiers hold."""
-    return plan.device_rows + plan.host_rows
-
-
-def _hit_rate(plan: CachePlan) -> float:
-    """``plan``'s profiled hit rate: its chosen split's on the replayed
-    curve, else the share of rows its tiers hold."""
-    for point in plan.curve:
-        if point["static_rows"] == plan.static_rows:
-            return point["hit_rate"]
-    return min(1.0, _held(plan) / plan.num_rows) if plan.num_rows else 0.0

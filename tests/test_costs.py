@@ -116,11 +116,11 @@ def test_the_ring_is_charged_the_device_room_it_takes():
 
 
 def test_the_ring_room_is_what_the_plan_reserves():
-    """`_ring_rows` prices a ring before planning it: the device rows of
-    the id table and the buffers `make_plan` reserves (at most: the plan
-    may shrink the ring by the rows its device tier holds for good)."""
-    from hmgraph.cache.plan import make_plan
-    from hmgraph.cachebuild import _ring_rows
+    """`reuse_ring_rows` prices a ring before planning it: the device rows
+    of the id table and the buffers `make_plan` reserves (at most: the
+    plan may shrink the ring by the rows its device tier holds for
+    good)."""
+    from hmgraph.cache.plan import make_plan, reuse_ring_rows
 
     rng = np.random.default_rng(0)
     trace = [torch.from_numpy(np.unique(rng.integers(0, 5000, 800)))
@@ -132,11 +132,12 @@ def test_the_ring_room_is_what_the_plan_reserves():
     for levels in (1, 2):
         ring = make_plan(*args, counts=counts, trace=trace,
                          reuse_levels=levels)
-        taken = _ring_rows(ring, levels, reuse_profile(trace, levels), table)
+        taken = reuse_ring_rows(ring, levels, reuse_profile(trace, levels),
+                                table)
         assert taken == -(-table // 400) + levels * ring.reuse_rows
         assert ring.device_rows + taken == plain.device_rows
-        priced = _ring_rows(plain, levels, reuse_profile(trace, levels),
-                            table)
+        priced = reuse_ring_rows(plain, levels,
+                                 reuse_profile(trace, levels), table)
         assert taken <= priced <= plain.device_rows
 
 

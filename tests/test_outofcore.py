@@ -327,8 +327,9 @@ def test_an_auto_host_budget_that_holds_the_file_reads_it_once(data_root):
         config, data, dgl.dataloading.NeighborSampler([5, 5]), "cpu")
     plan, storage = loader.plan["_N"], loader.stats.storage
     assert memory["host_budget_bytes"] > data.feature_bytes
-    assert (plan.host_rows, plan.staging_rows, plan.static_rows) == (
-        data.num_nodes, 0, data.num_nodes)
+    # Every row held, none dynamic: the plan is presample's.
+    assert (plan.policy, plan.host_rows, plan.staging_rows) == (
+        "presample", data.num_nodes, 0)
     built = storage.bytes_read
     assert data.feature_bytes <= built < 1.01 * data.feature_bytes
     for _ in loader:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hmgraph
-from hmgraph.cache.costs import KernelCosts, staging_verdict
+from hmgraph.cache.costs import KernelCosts, staging_verdict, static_verdict
 from hmgraph.cache.disk import DiskModel
 from hmgraph.cache.format import write_feature_file
 from hmgraph.cache.placement import choose_span_rows, read_seconds, span_score
@@ -109,7 +109,12 @@ def test_loader_holds_spans_and_returns_the_file_rows(tmp_path, caplog):
             prefetch=0, seed=0)
     try:
         plan = next(iter(loader.plan.values()))
-        assert plan.span_rows > 0 and plan.static_rows > 0
+        # Every row the replay keeps is static, with no window: the plan
+        # is presample's, whose bookkeeping leaves room for more rows.
+        assert plan.policy == "presample" and plan.span_rows > 0
+        assert plan.held_rows > 0
+        assert "hmgraph with every row static and no window: presample's " \
+            "plan, +" in caplog.text
         assert "static rows in spans of" in caplog.text
         assert f"spans of {plan.span_rows}" in plan.describe()
         for batch in loader:
@@ -171,3 +176,68 @@ def test_staging_verdict_weighs_the_reads_against_its_work():
     assert not worse.pays
     assert worse.describe("staging=0.5").startswith(
         "window read planning off: saves -1.00 ms")
+
+
+def test_static_verdict_weighs_the_dynamic_region_against_its_work():
+    costs = KernelCosts(scan=10e-9, stamp=5e-9, sort_pass=2e-9,
+                        copy_row=40e-9, row_bytes=400)
+    # Reads of 10 ms all static, 6 ms with the window's region and
+    # staging: 4 ms saved against the window's marks and staged copies.
+    kept = static_verdict(4, 1000.0, StagedReads(0.006, 200.0, 150.0),
+                          0.010, 448, costs)
+    assert kept.saves == pytest.approx(0.004)
+    assert kept.costs == pytest.approx(4 * 1000 * 15e-9 + 2 * 200 * 40e-9)
+    assert kept.pays and "every row static (in spans of 448)" in \
+        kept.describe("window=4")
+    # Spans read within 0.1 ms of the region's: its work does not pay.
+    off = static_verdict(4, 100_000.0, StagedReads(0.0099, 200.0, 150.0),
+                         0.010, 0, costs)
+    assert not off.pays
+    line = off.describe("window=4")
+    assert line.startswith("the dynamic region off: saves 0.10 ms")
+    assert "(by hotness)" in line and line.endswith("window=4 forces it")
+
+
+@pytest.mark.parametrize("batch_size", [8, 512], ids=["sparse", "dense"])
+def test_the_dynamic_region_follows_its_verdict(data_root, batch_size,
+                                                caplog):
+    """synth-tiny from the disk: where ``hmgraph``'s plan keeps a dynamic
+    region, it is priced against every row static and said in one log
+    line; off, the plan is presample's, in spans where they pay. Rows
+    equal the file's either way, and an explicit window keeps the
+    region without pricing it."""
+    from hmgraph import datasets
+
+    data = datasets.load("synth-tiny", data_root, features_on="disk")
+    sampler = dgl.dataloading.NeighborSampler([10, 10])
+    options = dict(batch_size=batch_size, cache="hmgraph", seed=0,
+                   host_budget_bytes=data.feature_bytes // 5,
+                   profile_batches=8, features=data.feature_path)
+    seeds = data.split["train"][:8 * batch_size]
+    rows = datasets.load("synth-tiny", data_root).features
+    with caplog.at_level(logging.INFO, logger="hmgraph.cachebuild"):
+        loader = hmgraph.DataLoader(data.graph, seeds, sampler, **options)
+    said = [r.getMessage() for r in caplog.records]
+    verdicts = [s for s in said if s.startswith("the dynamic region")]
+    plan = loader.plan["_N"]
+    static = any(s.startswith("hmgraph with every row static")
+                 for s in said)
+    assert len(verdicts) <= 1 and (verdicts or static), said
+    if verdicts and verdicts[0].startswith("the dynamic region on"):
+        assert plan.policy == "hmgraph" and not static
+    else:
+        assert plan.policy == "presample" and plan.window == 0 and static
+        assert loader.window == 0
+    try:
+        for batch in loader:
+            assert torch.equal(batch.x, rows[batch.input_nodes])
+    finally:
+        loader.close()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hmgraph.cachebuild"):
+        forced = hmgraph.DataLoader(data.graph, seeds, sampler, window=4,
+                                    **options)
+    forced.close()
+    assert forced.plan["_N"].policy == "hmgraph"
+    assert forced.plan["_N"].window == 4
+    assert "the dynamic region" not in caplog.text

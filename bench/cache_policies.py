@@ -55,17 +55,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     add("--baselines", default=",".join(BASELINES),
         type=name_list((*BASELINES, "none")),
         help="in-memory, memmap-floor, or none")
-    add("--windows", default=str(WINDOW),
-        type=name_list(check=positive_int),
-        help=f"lookahead windows of the cache policies, batches "
-        f"(default {WINDOW}; the targets read window {WINDOW})")
+    add("--windows", default=str(WINDOW), type=name_list(check=window),
+        help=f"lookahead windows of the cache policies, batches, or auto "
+        f"(the loader's default: planned; default {WINDOW}); the targets "
+        f"read the first")
     add("--staging", type=fraction, default=None,
         help="share of the host budget staged for window read planning "
         f"(default: the loader's, {STAGING_SHARE:g})")
     args = common.finish_args(parser, parser.parse_args(argv), FULL, QUICK)
     args.baselines = [b for b in args.baselines if b != "none"]
-    args.windows = [int(w) for w in args.windows]
     return args
+
+
+def window(text: str) -> int | None:
+    """A lookahead window: batches, or ``auto`` (None: planned)."""
+    return None if text == "auto" else positive_int(text)
+
+
+def window_name(window: int | None) -> str:
+    """``window``'s name in configs and tables."""
+    return "auto" if window is None else str(window)
 
 
 def prepare_layout(name: str, dataset, seeds, args):
@@ -109,11 +118,12 @@ def run_dgl(dataset, seeds, args, memmap: bool) -> dict:
 
 def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
                 budget: str | None, host_budget: int, memo: dict,
-                layout: dict, profile=None, window: int = WINDOW) -> dict:
+                layout: dict, profile=None, window: int | None = WINDOW
+                ) -> dict:
     """One epoch of `hmgraph.DataLoader` over the O_DIRECT storage tier;
     Belady on its trace (memoised by trace and capacity in ``memo``)."""
     config = f"{policy} / {layout['name']}" + (
-        f" / window {window}" if window != WINDOW else "")
+        f" / window {window_name(window)}" if window != WINDOW else "")
     run = common.loader_epoch(
         dataset, seeds, args, config + (f" host {budget}" if budget else ""),
         trace=True, shuffle=True, cache=policy,
@@ -127,7 +137,9 @@ def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
     cache, disk = stats["cache"], getattr(source, "disk", None)
     return {
         "config": config, "kind": "hmgraph", "policy": policy,
-        "layout": layout["name"], "host_budget": budget, "window": window,
+        "layout": layout["name"], "host_budget": budget,
+        "window": window_name(window), "planned_window": plan.window,
+        "planned_policy": plan.policy,
         "batches": run["batches"], "rows_requested": cache["rows_requested"],
         "hit_rate": cache["hit_rate"], "belady": belady,
         "storage_rows_vs_belady": rows_vs_belady(
@@ -195,12 +207,16 @@ def add_ratios(records: list[dict], epochs: int) -> None:
             r["storage"]["bytes_read"] / none[r["layout"]]
 
 
-def targets(records: list[dict], layouts: list[str], epochs: int) -> list:
-    """T1-T3 and the epoch against both baselines, at the target budget;
-    each note names the construction seconds (and amortized ratio)."""
+def targets(records: list[dict], layouts: list[str], epochs: int,
+            window: int | None = WINDOW) -> list:
+    """T1-T3 and the epoch against both baselines and no cache, at the
+    target budget and ``window``; each note names the construction
+    seconds (and amortized ratio)."""
     ours = {r["layout"]: r for r in records if r.get("policy") == "hmgraph"
             and r["host_budget"] == TARGET_HOST_BUDGET
-            and r.get("window", WINDOW) == WINDOW}
+            and str(r.get("window", WINDOW)) == window_name(window)}
+    none = {r["layout"]: r["seconds"]["epoch"] for r in records
+            if r.get("policy") == "none"}
 
     def built(r, key=None):
         return common.built_note(
@@ -240,7 +256,10 @@ def targets(records: list[dict], layouts: list[str], epochs: int) -> list:
             r and built(r, "vs_in_memory")), common.target(
             "T5", f"{at} {n}: memmap floor epoch / hmgraph epoch",
             r and r["vs_memmap_floor"], ">=", VS_FLOOR_MIN,
-            r and built(r, "vs_memmap_floor"))]
+            r and built(r, "vs_memmap_floor")), common.target(
+            "33-T4", f"{at} {n}: hmgraph epoch / no-cache epoch",
+            r and none.get(n) and r["seconds"]["epoch"] / none[n], "<=",
+            1.0, r and built(r))]
     return rows
 
 
@@ -272,8 +291,10 @@ def report(result: dict) -> str:
     rows = []
     for r in result["records"]:
         s, rate, b = r["storage"] or {}, r["hit_rate"], r.get("belady")
+        planned = r.get("window") == "auto" and \
+            f" (planned: {r['planned_policy']}, window {r['planned_window']})"
         rows.append([
-            r["config"], r.get("host_budget") or "-",
+            r["config"] + (planned or ""), r.get("host_budget") or "-",
             s.get("bytes_read") and s["bytes_read"] / 1e9,
             s.get("io_requests"), s.get("amplification"), s.get("seconds"),
             s.get("model_seconds"), s.get("seconds_vs_model"),
@@ -305,7 +326,10 @@ def report(result: dict) -> str:
         f"{c['feature_bytes'] / 1e9:.3g} GB on disk (O_DIRECT: "
         f"{env['o_direct']}); device budget {c['device_budget']} "
         f"({c['device_budget_bytes'] / 1e6:.1f} MB); prefetch "
-        f"{c['prefetch']}, window {c['window']}, {c['profile_batches']} "
+        f"{c['prefetch']}, windows "
+        f"{', '.join(map(window_name, c.get('windows', [WINDOW])))} "
+        f"(targets at {c['window']}; auto: the loader's default, planned), "
+        f"{c['profile_batches']} "
         f"profiling batches, staging {staging} of the host budget; "
         f"layouts: {layouts or 'none yet'}; DGL's loader with "
         f"num_workers={c['dgl_workers']}; {common.environment_text(env)}.",
@@ -349,7 +373,8 @@ def main(argv=None) -> int:
             staging_default=STAGING_SHARE, disk_model=None,
             target_host_budget=TARGET_HOST_BUDGET, model="sage",
             num_layers=len(args.fanouts), dropout=common.DROPOUT,
-            lr=common.LR, epochs=1, prefetch=PREFETCH, window=WINDOW,
+            lr=common.LR, epochs=1, prefetch=PREFETCH,
+            window=window_name(args.windows[0]),
             profile_batches=PROFILE_BATCHES, device="cpu"),
         "environment": dict(common.environment(), o_direct=None),
         "layouts": {}, "records": [], "targets": [],
@@ -384,7 +409,7 @@ def main(argv=None) -> int:
         gc.collect()
         add_ratios(result["records"], args.amortize_epochs)
         result["targets"] = targets(result["records"], args.layouts,
-                                    args.amortize_epochs)
+                                    args.amortize_epochs, args.windows[0])
         if args.dataset == "synth-papers":
             result["targets"] += papers_targets(result["records"],
                                                 args.layouts)

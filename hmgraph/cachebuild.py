@@ -156,6 +156,7 @@ class CacheBuilder:
         self.placement = placement
         self.profile = profile
         self.profile_batches = profile_batches
+        self._missed = {}  # `_misses` by policy, capacity, split, window
 
     def build(self, sources: dict, cache, device_budget_bytes: int,
               host_budget_bytes: int, window: int | None = None,
@@ -179,6 +180,7 @@ class CacheBuilder:
                    for p in built.plan.values()] or [0]
         built.window = windows[0] if window is None else window
         built.profile = self.profile
+        self._missed.clear()
         release_freed_memory()  # what profiling and the fill let go of
         return built
 
@@ -346,8 +348,9 @@ class CacheBuilder:
             if verdict.pays:
                 return None
         log.info("%s with every row static and no window: presample's "
-                 "plan, %+d rows without the dynamic region's bookkeeping",
-                 plan.policy, static.held_rows - plan.held_rows)
+                 "plan, %d rows held against %d (no staging area, no "
+                 "dynamic bookkeeping)", plan.policy, static.held_rows,
+                 plan.held_rows)
         return self._spans_pay(source, static, spans)
 
     def _span_first(self, plan: CachePlan) -> int:
@@ -422,15 +425,19 @@ class CacheBuilder:
     def _misses(self, plan: CachePlan, capacity: int) -> list:
         """Ids ``plan``'s policy misses per held-out profiled batch
         (`PRICED_BATCHES` of them), with ``capacity`` rows, its static
-        part and window kept."""
-        hotness, held_out = split_profile(list(self.profile.trace),
-                                          plan.num_rows)
-        return miss_trace(make_policy(
-            plan.policy, plan.num_rows, capacity, hotness=hotness,
-            hop_counts=self.profile.hop_counts,
-            degrees=self.graph.in_degrees() if "degrees" in _needs(
-                plan.policy) else None, static_rows=plan.static_rows,
-            window=plan.window), held_out[:PRICED_BATCHES])
+        part and window kept; each replayed once."""
+        key = (plan.policy, plan.num_rows, capacity, plan.static_rows,
+               plan.window)
+        if key not in self._missed:
+            hotness, held_out = split_profile(list(self.profile.trace),
+                                              plan.num_rows)
+            self._missed[key] = miss_trace(make_policy(
+                plan.policy, plan.num_rows, capacity, hotness=hotness,
+                hop_counts=self.profile.hop_counts,
+                degrees=self.graph.in_degrees() if "degrees" in _needs(
+                    plan.policy) else None, static_rows=plan.static_rows,
+                window=plan.window), held_out[:PRICED_BATCHES])
+        return self._missed[key]
 
     def _hotness(self) -> torch.Tensor | None:
         """Profiled score per row for static placement."""

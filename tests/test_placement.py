@@ -114,7 +114,7 @@ def test_loader_holds_spans_and_returns_the_file_rows(tmp_path, caplog):
         assert plan.policy == "presample" and plan.span_rows > 0
         assert plan.held_rows > 0
         assert "hmgraph with every row static and no window: presample's " \
-            "plan, +" in caplog.text
+            f"plan, {plan.held_rows} rows held against " in caplog.text
         assert "static rows in spans of" in caplog.text
         assert f"spans of {plan.span_rows}" in plan.describe()
         for batch in loader:

@@ -80,15 +80,6 @@ def each_once(read, ids: torch.Tensor) -> torch.Tensor:
         0, torch.from_numpy(inverse))
 
 
-def _future(future) -> tuple[np.ndarray, np.ndarray]:
-    """The window's ids back to back, and each batch's bounds."""
-    parts = [f.numpy() for f in future]
-    bounds = np.zeros(len(parts) + 1, dtype=np.int64)
-    bounds[1:] = np.cumsum([len(p) for p in parts])
-    ids = np.concatenate(parts) if parts else _EMPTY
-    return ids.astype(np.int64, copy=False), bounds
-
-
 class CompiledRead:
     """The compiled engine's view of one `FeatureCache` (see module)."""
 
@@ -332,7 +323,7 @@ class CompiledRead:
             return None
         if out is None:
             out = self.pool.empty(len(ids))
-        ahead, bounds = _future(future)
+        ahead, bounds = engine.back_to_back(future)
         staging = self.cache.staging
         if staging is not None:
             engine.mark_window(self.cache._marks.numpy(), self.marked,

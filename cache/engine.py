@@ -30,12 +30,23 @@ import numpy as np
 import torch
 from numba import njit
 
-__all__ = ["argsort", "argsort_ids", "byte_rows", "choose_dynamic",
+__all__ = ["argsort", "argsort_ids", "back_to_back", "byte_rows",
+           "choose_dynamic",
            "copy_admitted", "copy_row", "count_repeats", "evict_ids",
            "gather", "insert_slots", "lookup", "mark_window", "scatter_rows",
            "select_along", "unstage"]
 
 _NOGIL = {"nogil": True, "cache": True}
+
+
+def back_to_back(batches) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of ``batches`` (CPU int64 tensors) back to back, and each
+    batch's bounds in them: what the kernels take for a window."""
+    parts = [b.numpy() for b in batches]
+    bounds = np.zeros(len(parts) + 1, dtype=np.int64)
+    bounds[1:] = np.cumsum([len(p) for p in parts])
+    ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return ids.astype(np.int64, copy=False), bounds
 
 
 def byte_rows(rows: torch.Tensor) -> np.ndarray:

@@ -171,3 +171,42 @@ def test_the_loader_profiles_for_the_policies_that_need_a_profile():
     assert set(PROFILED_POLICIES) == {
         n for n, c in POLICIES.items()
         if c.needs & {"hotness", "hop_counts"}}
+
+
+@pytest.mark.parametrize("window", [0, 1, 4])
+@pytest.mark.parametrize("capacity,static", [(0, 0), (40, 0), (150, 50),
+                                             (150, 150), (499, 100)])
+def test_a_replay_decides_as_the_reference_policy(capacity, static,
+                                                  window):
+    """`replay_hits` steps the hmgraph policy through the compiled
+    engine's kernel: every batch's hits and misses, and the rows held
+    after it, equal the reference's `HMGraphPolicy.step`."""
+    from hmgraph.cache.trace_replay import replay_hits
+
+    gen = torch.Generator().manual_seed(capacity + window)
+    num_rows = 500
+    hotness = torch.randint(0, 50, (num_rows,), generator=gen)
+    trace = [torch.unique(torch.randint(0, num_rows, (int(size),),
+                                        generator=gen))
+             for size in torch.randint(0, 300, (12,), generator=gen)]
+
+    def fresh():
+        return make_policy("hmgraph", num_rows, capacity, hotness=hotness,
+                           static_rows=static, window=window)
+
+    reference, compiled = fresh(), fresh()
+    reference.warm()
+    expected = []
+    for i, ids in enumerate(trace):
+        step = reference.step(ids, trace[i + 1:i + 1 + window])
+        expected.append(ids[~step.hit])
+    missed = []
+    hits, requested = replay_hits(compiled, trace, on_miss=missed.append)
+    assert requested == sum(ids.numel() for ids in trace)
+    assert hits == requested - sum(m.numel() for m in expected)
+    assert all(torch.equal(a, b) for a, b in zip(missed, expected,
+                                                      strict=True))
+    assert torch.equal(compiled.resident, reference.resident)
+    assert compiled._size == reference._size
+    assert sorted(compiled._held.tolist()) == sorted(
+        reference._held.tolist())

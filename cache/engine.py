@@ -31,8 +31,8 @@ import torch
 from numba import njit
 
 __all__ = ["argsort", "argsort_ids", "back_to_back", "byte_rows",
-           "choose_dynamic",
-           "copy_admitted", "copy_row", "count_repeats", "evict_ids",
+           "choose_dynamic", "copy_admitted", "copy_row", "count_repeats",
+           "evict_ids",
            "gather", "insert_slots", "lookup", "mark_window", "scatter_rows",
            "select_along", "unstage"]
 

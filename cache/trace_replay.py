@@ -173,9 +173,10 @@ def replay_hits(policy, trace: Sequence[torch.Tensor],
 
 def _step_hits(policy, ids: torch.Tensor, future) -> torch.Tensor:
     """``policy.step(ids, future).hit``; the ``hmgraph`` policy's choice
-    made by the compiled engine's kernel (`engine.choose_dynamic`, which
-    `tests/test_engine.py` holds to the reference's), its state kept as
-    the reference keeps it."""
+    made by the compiled engine's kernel (`engine.choose_dynamic`; the
+    replay is held to the reference `HMGraphPolicy.step` by
+    `tests/test_policies.py`), its state kept as the reference keeps
+    it."""
     if type(policy) is not HMGraphPolicy:
         return policy.step(ids, future).hit
     hit = policy.resident[ids]

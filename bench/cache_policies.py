@@ -132,7 +132,7 @@ def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
         staging=args.staging, loader_only=True, profile=profile)
     (plan,), trace = run["loader"].plan.values(), run["loader"].trace
     belady = belady_hit_rate(trace, plan.num_rows,
-                             plan.device_rows + plan.host_rows, memo)
+                             plan.held_rows, memo)
     stats, source = run["stats"], run["source"]
     cache, disk = stats["cache"], getattr(source, "disk", None)
     return {

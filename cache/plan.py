@@ -461,7 +461,7 @@ def build_cache(source: Feature, plan: CachePlan, device="cpu", *,
     cls = POLICIES[plan.policy]
     # Stores without rows are not built: their tables cost 4 B per node.
     # The tiers of one exclusive layer share one id -> slot table.
-    both = plan.device_rows + plan.host_rows
+    both = plan.held_rows
     table = SlotTable(n, both) if cls.spans_stores else None
     stores = []
     if plan.device_rows and cls.holds_rows:

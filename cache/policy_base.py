@@ -188,8 +188,11 @@ class Policy(ABC):
         future : sequence of torch.Tensor
             Unique ids of the next batches, nearest first (may be empty).
         """
-        hit = self.resident[ids]
-        step = self._step(ids, hit, future)
+        return self._apply(self._step(ids, self.resident[ids], future))
+
+    def _apply(self, step: Step) -> Step:
+        """Hold what ``step`` decided (evictions first), counted and
+        checked against the capacity; returns ``step``."""
         self.resident[step.evict] = False
         self.resident[step.admit] = True
         self._size += step.admit.numel() - step.evict.numel()

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from hmgraph.cache import engine
 from hmgraph.cache.policy_base import EMPTY_IDS, Policy, Step
 
 __all__ = ["BeladyPolicy", "HMGraphPolicy", "next_use_trace"]
@@ -97,6 +98,21 @@ class HMGraphPolicy(Policy):
     def pinned(self) -> torch.Tensor:
         """The static rows: only the dynamic region evicts."""
         return self._static_order
+
+    def step_compiled(self, ids: torch.Tensor,
+                      future: Sequence[torch.Tensor] = ()) -> Step:
+        """`step`, the choice made by the compiled engine's kernel
+        (`hmgraph.cache.engine.choose_dynamic`, the loader's own CPU
+        path), for replays; the state is kept as `step` keeps it."""
+        hit = self.resident[ids]
+        ahead, bounds = engine.back_to_back(list(future)[:self.window])
+        evict, admit, held = engine.choose_dynamic(
+            ids.numpy(), hit.numpy(), self._held.numpy(), ahead, bounds,
+            self.window, self.next_use.numpy(), self.cold_rank.numpy(),
+            _NEVER_NEAR, self.capacity - self.static_rows, self.num_rows)
+        self._held = torch.from_numpy(held)
+        return self._apply(Step(hit, torch.from_numpy(evict),
+                                ids[torch.from_numpy(admit)]))
 
     def _keys(self, ids: torch.Tensor) -> torch.Tensor:
         """Smaller is sooner: next use in the window, then hotness.

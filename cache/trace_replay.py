@@ -12,10 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
-from hmgraph.cache import engine
 from hmgraph.cache.policies import BeladyPolicy, HMGraphPolicy, make_policy
 
 __all__ = ["STATIC_SHARES", "belady_policy", "choose_static_rows",
@@ -163,31 +161,14 @@ def replay_hits(policy, trace: Sequence[torch.Tensor],
     hits = requested = 0
     for index, ids in enumerate(trace):
         future = ahead[index + 1:index + 1 + window] if window else ()
-        hit = _step_hits(policy, ids, future)
+        # The hmgraph policy through the compiled engine's kernel (held
+        # to the reference `step` by tests/test_policies.py).
+        step = policy.step_compiled if type(policy) is HMGraphPolicy \
+            else policy.step
+        hit = step(ids, future).hit
         hits += int(hit.sum())
         requested += ids.numel()
         if on_miss is not None:
             on_miss(ids[~hit])
     return hits, requested
 
-
-def _step_hits(policy, ids: torch.Tensor, future) -> torch.Tensor:
-    """``policy.step(ids, future).hit``; the ``hmgraph`` policy's choice
-    made by the compiled engine's kernel (`engine.choose_dynamic`; the
-    replay is held to the reference `HMGraphPolicy.step` by
-    `tests/test_policies.py`), its state kept as the reference keeps
-    it."""
-    if type(policy) is not HMGraphPolicy:
-        return policy.step(ids, future).hit
-    hit = policy.resident[ids]
-    ahead, bounds = engine.back_to_back(list(future)[:policy.window])
-    evict, admit, held = engine.choose_dynamic(
-        ids.numpy(), hit.numpy(), policy._held.numpy(), ahead, bounds,
-        policy.window, policy.next_use.numpy(), policy.cold_rank.numpy(),
-        np.iinfo(np.int32).max, policy.capacity - policy.static_rows,
-        policy.num_rows)
-    policy.resident[torch.from_numpy(evict)] = False
-    policy.resident[ids[torch.from_numpy(admit)]] = True
-    policy._held = torch.from_numpy(held)
-    policy._size += len(admit) - len(evict)
-    return hit

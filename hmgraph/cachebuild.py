@@ -290,11 +290,11 @@ class CacheBuilder:
         if len(trace) >= 2:
             hotness, held_out = split_profile(trace, plan.num_rows)
             without = replay(make_policy(
-                plan.policy, plan.num_rows, plan.device_rows + plan.host_rows,
+                plan.policy, plan.num_rows, plan.held_rows,
                 hotness=hotness, static_rows=plan.static_rows, window=0),
                 held_out)
         miss, gained = 1.0 - without, max(0.0, with_window - without)
-        rows = float(np.mean([len(ids) for ids in trace])) if trace else 0.0
+        rows = _rows_per_batch(trace)
         spared = spared_read_seconds(source, trace, miss, random_rows(
             gained / miss if miss else 0.0))
         verdict = window_verdict(plan.window, rows, gained,
@@ -342,7 +342,7 @@ class CacheBuilder:
             dynamic = staged_reads(source, self._misses(
                 plan, plan.held_rows), plan.window, plan.staging_rows)
             verdict = static_verdict(
-                plan.window, float(np.mean([len(ids) for ids in trace])),
+                plan.window, _rows_per_batch(trace),
                 dynamic, spans[1][spans[0]], spans[0], self._costs(source))
             log.info("%s", verdict.describe(f"window={plan.window}"))
             if verdict.pays:
@@ -417,7 +417,7 @@ class CacheBuilder:
         staged = staged_reads(source, self._misses(on, on.held_rows),
                               window, on.staging_rows)
         verdict = staging_verdict(
-            window, float(np.mean([len(ids) for ids in trace])),
+            window, _rows_per_batch(trace),
             on.staging_rows, without, staged, self._costs(source))
         log.info("%s", verdict.describe(f"staging={STAGING_SHARE}"))
         return STAGING_SHARE if verdict.pays else 0.0
@@ -485,3 +485,8 @@ def _once_each(make):
         return plans[key]
 
     return plan
+
+
+def _rows_per_batch(trace) -> float:
+    """Mean ids a profiled batch asks for (0 for no batch)."""
+    return float(np.mean([len(ids) for ids in trace])) if trace else 0.0

@@ -47,7 +47,7 @@ def layerwise_read_seconds(config, dataset, loader) -> float:
     in flight.
     """
     (plan,) = loader.plan.values()  # the one node type's
-    held = plan.device_rows + plan.host_rows
+    held = plan.held_rows
     row_bytes = dataset.manifest.row_bytes
     uncached = max(0, dataset.num_nodes - held) * row_bytes
     chunks = math.ceil(dataset.num_nodes / config.eval_batch_size)

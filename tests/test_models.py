@@ -16,6 +16,7 @@ from hmgraph.models import (
     GCNConv,
     SAGEConv,
     build_model,
+    layers,
     layerwise_inference,
 )
 from hmgraph.models.layers import (
@@ -139,6 +140,64 @@ def test_layer_matches_dgl(case, block_kind):
     assert out_ours.shape == out_ref.shape
     assert (out_ours - out_ref).abs().max().item() < 1e-5
     _assert_same_gradients(ref, ours, out_ref, out_ours, x_ref, x_ours)
+
+
+def _csr(num_dst, num_src, edges):
+    """A ``(num_dst, num_src)`` CSR adjacency with ``edges`` entries."""
+    dst = torch.arange(edges) % num_dst
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64),
+                        torch.bincount(dst, minlength=num_dst).cumsum(0)])
+    return torch.sparse_csr_tensor(indptr, torch.arange(edges) % num_src,
+                                   torch.ones(edges), (num_dst, num_src))
+
+
+@pytest.mark.parametrize("num_dst,num_src,edges,in_feats,out_feats,first", [
+    # A whole graph: DGL's rule, project first where in > out.
+    (100, 100, 500, 16, 8, True),
+    (100, 100, 500, 8, 16, False),
+    (100, 100, 500, 8, 8, False),
+    # A sampled block of synth-igb-large's shape: 9x more src than dst
+    # nodes; summing the 1024 features first is ~9x cheaper than DGL's
+    # projection of every src row.
+    (47_000, 430_000, 548_000, 1024, 256, False),
+    # Nearly as many src as dst rows: projecting first still pays.
+    (40_000, 41_000, 500_000, 1024, 256, True),
+])
+def test_a_layer_projects_on_the_cheaper_side(num_dst, num_src, edges,
+                                              in_feats, out_feats, first):
+    adjacency = _csr(num_dst, num_src, edges)
+    assert layers._project_first(adjacency, in_feats, out_feats) is first
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["project", "sum"])
+def test_sage_on_either_side_of_the_sum_matches_dgl(first, monkeypatch):
+    """A wide input on a sampled block (more src than dst nodes): SAGEConv
+    equals DGL's, gradients included, whether it projects or sums
+    first."""
+    block = make_block(make_graph(), "sampled-outer")
+    assert block.num_src_nodes() > block.num_dst_nodes()
+    monkeypatch.setattr(layers, "_project_first", lambda *_: first)
+    ref, ours = make_layer_pair("sage", 32, 4, 1)
+    x = make_features(block.num_src_nodes(), 32)
+    x_ref, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
+    expected, got = ref(block, x_ref), ours(block, x_ours)
+    assert (got - expected).abs().max().item() < 1e-5
+    _assert_same_gradients(ref, ours, expected, got, x_ref, x_ours)
+
+
+def test_gcn_on_either_side_of_the_sum_is_the_same(monkeypatch):
+    """GCNConv projecting first and summing first: the same output."""
+    graph = add_gcn_degrees(make_graph())
+    block = make_block(graph, "sampled-outer")
+    layer = GCNConv(32, 4)
+    x = make_features(block.num_src_nodes(), 32)
+    outputs = []
+    for first in (True, False):
+        monkeypatch.setattr(layers, "_project_first",
+                            lambda *_, first=first: first)
+        outputs.append(layer(block, x))
+    torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5,
+                               rtol=1e-5)
 
 
 def _assert_same_gradients(ref, ours, out_ref, out_ours, x_ref, x_ours):

@@ -8,7 +8,12 @@ product with the block's adjacency, read from the CSC format DGL's samplers
 build, so no ``(num_edges, feat)`` tensor of messages is made: on a
 synth-igb-shaped block (750K edges, 256 features) it cut the aggregation's
 forward from 0.9 to 0.3 s and the process's peak by 0.7 GB, against
-``index_select`` + ``index_add_``. GAT weighs each edge and keeps the
+``index_select`` + ``index_add_``. SAGE and GCN multiply by their
+weight on the side of that sum that costs fewer multiply-adds
+(`_project_first`), where DGL projects first whenever ``in_feats >
+out_feats``: on synth-igb-large's 1024-wide rows the training step took
+1.3 s and 0.47 GB at its peak, against 4.2 s and 0.97 GB projecting
+every src row. GAT weighs each edge and keeps the
 explicit messages. On the CPU the layers are numerically equal to their
 ``dgl.nn`` counterparts, and their parameter names and shapes are
 identical, so ``ours.load_state_dict(dgl_layer.state_dict())`` works.
@@ -91,6 +96,27 @@ def _adjacency(block, x):
     adjacency = torch.sparse_csr_tensor(
         indptr, indices, ones, size=(block.num_dst_nodes(), x.shape[0]))
     return adjacency, indptr.diff().to(x.dtype)
+
+
+def _project_first(adjacency, in_feats, out_feats) -> bool:
+    """Whether a layer multiplies by its weight before it sums over
+    in-edges: on the side of the sum that costs fewer multiply-adds.
+
+    Projecting first costs ``num_src * in * out + edges * out``, summing
+    first ``edges * in + num_dst * in * out``. On a whole graph (as many
+    src as dst nodes) that is DGL's rule, project first where ``in_feats >
+    out_feats``; a sampled block has many more src than dst nodes, and
+    summing first can be the cheaper side even where DGL projects. On a
+    synth-igb-large block (430K src, 47K dst, 548K edges, 1024 features
+    to 256): 12.9G multiply-adds against 112.8G, and the step's peak
+    memory 0.3 against 1.0 GB (the projected src rows and their gradient
+    are never made).
+    """
+    num_dst, num_src = adjacency.shape
+    edges = adjacency.col_indices().numel()
+    before = num_src * in_feats * out_feats + edges * out_feats
+    after = edges * in_feats + num_dst * in_feats * out_feats
+    return before < after
 
 
 def _check_features(block, x):
@@ -176,8 +202,8 @@ class SAGEConv(nn.Module):
         """
         adjacency, degrees = _adjacency(block, x)
         num_dst = block.num_dst_nodes()
-        # Project before aggregating when that shrinks the sums, as DGL.
-        lin_before_mp = self.in_feats > self.out_feats
+        lin_before_mp = _project_first(adjacency, self.in_feats,
+                                       self.out_feats)
         h_src = self.fc_neigh(x) if lin_before_mp else x
         h_neigh = adjacency @ h_src
         h_neigh = h_neigh / degrees.clamp(min=1).unsqueeze(-1)
@@ -312,14 +338,15 @@ class GCNConv(nn.Module):
             out_degrees = torch.bincount(
                 adjacency.col_indices(), minlength=x.shape[0]).to(x.dtype)
         h = x * (out_degrees + 1).pow(-0.5).unsqueeze(-1)
-        # Multiply by W on the narrower side of the aggregation, as DGL.
-        if self.in_feats > self.out_feats:
+        project_first = _project_first(adjacency, self.in_feats,
+                                       self.out_feats)
+        if project_first:
             h = h @ self.weight
         agg = adjacency @ h
         if self.rescale:
             agg = agg * (in_degrees / sampled.clamp(min=1)).unsqueeze(-1)
         agg = agg + h[:num_dst]  # the self-loop
-        if self.in_feats <= self.out_feats:
+        if not project_first:
             agg = agg @ self.weight
         h = agg * (in_degrees + 1).pow(-0.5).unsqueeze(-1)
         if self.bias is not None:

@@ -25,7 +25,7 @@ from hmgraph.analysis import (
 from hmgraph.cache.plan import replay
 from hmgraph.cache.policies import BeladyPolicy, make_policy
 from hmgraph.cli import main
-from hmgraph.samplers.presample import Profile
+from hmgraph.samplers.presample import Profile, presample
 
 
 def brute_force_hits(trace, num_rows, capacity) -> int:
@@ -65,12 +65,13 @@ def test_belady_equals_brute_force(batches, capacity):
 @pytest.mark.parametrize("policy", ["lru", "hmgraph"])
 def test_replay_equals_what_the_loader_counts(tiny, policy):
     row_bytes = tiny.feat_dim * 4
+    sampler = dgl.dataloading.NeighborSampler([4, 3])
+    profile = presample(tiny.graph, sampler, tiny.split["train"], 100, 4)
     loader = hmgraph.DataLoader(
-        tiny.graph, tiny.split["train"],
-        dgl.dataloading.NeighborSampler([4, 3]), batch_size=100,
+        tiny.graph, tiny.split["train"], sampler, batch_size=100,
         shuffle=True, cache=policy, device_budget_bytes=0,
         host_budget_bytes=1500 * row_bytes, prefetch=2, window=4,
-        profile_batches=4)
+        profile=profile)
     loader.trace = []
     for _ in loader:
         pass
@@ -78,7 +79,7 @@ def test_replay_equals_what_the_loader_counts(tiny, policy):
     plan = loader.plan["_N"]
     if policy == "hmgraph":
         fresh = make_policy("hmgraph", tiny.num_nodes, plan.host_rows,
-                            hotness=loader.profile.counts,
+                            hotness=profile.counts,
                             static_rows=plan.static_rows, window=4)
     else:
         fresh = make_policy("lru", tiny.num_nodes, plan.host_rows)

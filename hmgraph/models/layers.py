@@ -108,9 +108,9 @@ def _project_first(adjacency, in_feats, out_feats) -> bool:
     out_feats``; a sampled block has many more src than dst nodes, and
     summing first can be the cheaper side even where DGL projects. On a
     synth-igb-large block (430K src, 47K dst, 548K edges, 1024 features
-    to 256): 12.9G multiply-adds against 112.8G, and the step's peak
-    memory 0.3 against 1.0 GB (the projected src rows and their gradient
-    are never made).
+    to 256): 12.9G multiply-adds against 112.8G, and the training step's
+    peak memory 0.47 against 0.97 GB over its input (the projected src
+    rows and their gradient are never made).
     """
     num_dst, num_src = adjacency.shape
     edges = adjacency.col_indices().numel()

@@ -15,6 +15,7 @@ from hmgraph.models import (
     GATConv,
     GCNConv,
     SAGEConv,
+    blockops,
     build_model,
     layers,
     layerwise_inference,
@@ -166,7 +167,7 @@ def _csr(num_dst, num_src, edges):
 def test_a_layer_projects_on_the_cheaper_side(num_dst, num_src, edges,
                                               in_feats, out_feats, first):
     adjacency = _csr(num_dst, num_src, edges)
-    assert layers._project_first(adjacency, in_feats, out_feats) is first
+    assert blockops.projects_first(adjacency, in_feats, out_feats) is first
 
 
 @pytest.mark.parametrize("first", [True, False], ids=["project", "sum"])
@@ -176,7 +177,7 @@ def test_sage_on_either_side_of_the_sum_matches_dgl(first, monkeypatch):
     first."""
     block = make_block(make_graph(), "sampled-outer")
     assert block.num_src_nodes() > block.num_dst_nodes()
-    monkeypatch.setattr(layers, "_project_first", lambda *_: first)
+    monkeypatch.setattr(layers, "projects_first", lambda *_: first)
     ref, ours = make_layer_pair("sage", 32, 4, 1)
     x = make_features(block.num_src_nodes(), 32)
     x_ref, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -193,7 +194,7 @@ def test_gcn_on_either_side_of_the_sum_is_the_same(monkeypatch):
     x = make_features(block.num_src_nodes(), 32)
     outputs = []
     for first in (True, False):
-        monkeypatch.setattr(layers, "_project_first",
+        monkeypatch.setattr(layers, "projects_first",
                             lambda *_, first=first: first)
         outputs.append(layer(block, x))
     torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5,

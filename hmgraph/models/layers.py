@@ -10,7 +10,7 @@ synth-igb-shaped block (750K edges, 256 features) it cut the aggregation's
 forward from 0.9 to 0.3 s and the process's peak by 0.7 GB, against
 ``index_select`` + ``index_add_``. SAGE and GCN multiply by their
 weight on the side of that sum that costs fewer multiply-adds
-(`_project_first`), where DGL projects first whenever ``in_feats >
+(`projects_first`), where DGL projects first whenever ``in_feats >
 out_feats``: on synth-igb-large's 1024-wide rows the training step took
 1.3 s and 0.47 GB at its peak, against 4.2 s and 0.97 GB projecting
 every src row. GAT weighs each edge and keeps the
@@ -29,6 +29,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .blockops import (
+    block_adjacency,
+    block_edges,
+    projects_first,
+    reweighted,
+    sum_by_dst,
+)
+
 # torch 2.2 warns once per process that sparse CSR tensors are "in beta";
 # the one operation used here (CSR @ dense, with the dense side's
 # gradient) is stable on the CPU and CUDA.
@@ -43,117 +51,6 @@ __all__ = [
     "add_gcn_degrees",
 ]
 
-
-def _edge_index(block, x):
-    """Return the block's (src, dst) edge ids as int64 on ``x.device``.
-
-    Parameters
-    ----------
-    block : dgl.DGLGraph
-        A DGL block whose ``edges()`` are on the CPU.
-    x : torch.Tensor
-        Source node features, shape ``(block.num_src_nodes(), in_feats)``.
-
-    Returns
-    -------
-    tuple of torch.Tensor
-        ``src`` and ``dst`` ids, each of shape ``(num_edges,)``, int64, on
-        ``x.device``.
-    """
-    _check_features(block, x)
-    src, dst = block.edges()
-    return (
-        src.to(device=x.device, dtype=torch.int64),
-        dst.to(device=x.device, dtype=torch.int64),
-    )
-
-
-def _adjacency(block, x):
-    """Return the block's ``(num_dst, num_src)`` adjacency on ``x.device``.
-
-    Parameters
-    ----------
-    block : dgl.DGLGraph
-        A DGL block on the CPU.
-    x : torch.Tensor
-        Source node features, shape ``(block.num_src_nodes(), in_feats)``.
-
-    Returns
-    -------
-    adjacency : torch.Tensor
-        Sparse CSR, one float entry of 1 per edge (parallel edges count
-        twice), ``x.dtype``: ``adjacency @ h`` sums ``h`` over each dst
-        node's in-edges.
-    in_degrees : torch.Tensor
-        In-edges per dst node in the block, ``x.dtype``, shape
-        ``(num_dst,)``.
-    """
-    _check_features(block, x)
-    indptr, indices, _ = block.adj_tensors("csc")
-    indptr = indptr.to(device=x.device, dtype=torch.int64)
-    indices = indices.to(device=x.device, dtype=torch.int64)
-    ones = torch.ones(indices.shape[0], dtype=x.dtype, device=x.device)
-    adjacency = torch.sparse_csr_tensor(
-        indptr, indices, ones, size=(block.num_dst_nodes(), x.shape[0]))
-    return adjacency, indptr.diff().to(x.dtype)
-
-
-def _project_first(adjacency, in_feats, out_feats) -> bool:
-    """Whether a layer multiplies by its weight before it sums over
-    in-edges: on the side of the sum that costs fewer multiply-adds.
-
-    Projecting first costs ``num_src * in * out + edges * out``, summing
-    first ``edges * in + num_dst * in * out``. On a whole graph (as many
-    src as dst nodes) that is DGL's rule, project first where ``in_feats >
-    out_feats``; a sampled block has many more src than dst nodes, and
-    summing first can be the cheaper side even where DGL projects. On a
-    synth-igb-large block (430K src, 47K dst, 548K edges, 1024 features
-    to 256): 12.9G multiply-adds against 112.8G, and the training step's
-    peak memory 0.47 against 0.97 GB over its input (the projected src
-    rows and their gradient are never made).
-    """
-    num_dst, num_src = adjacency.shape
-    edges = adjacency.col_indices().numel()
-    before = num_src * in_feats * out_feats + edges * out_feats
-    after = edges * in_feats + num_dst * in_feats * out_feats
-    return before < after
-
-
-def _reweighted(adjacency, values):
-    """``adjacency`` (sparse CSR) with ``values`` as its entries."""
-    return torch.sparse_csr_tensor(
-        adjacency.crow_indices(), adjacency.col_indices(), values,
-        size=adjacency.shape)
-
-
-def _check_features(block, x):
-    if x.dim() != 2 or x.shape[0] != block.num_src_nodes():
-        raise ValueError(
-            f"x must have shape (num_src_nodes={block.num_src_nodes()}, "
-            f"in_feats); got {tuple(x.shape)}"
-        )
-
-
-def _sum_by_dst(messages, dst, num_dst):
-    """Sum per-edge ``messages`` into their dst rows.
-
-    Parameters
-    ----------
-    messages : torch.Tensor
-        Shape ``(num_edges, *feat_shape)``.
-    dst : torch.Tensor
-        int64 dst ids of shape ``(num_edges,)``, same device as ``messages``.
-    num_dst : int
-        Number of dst nodes.
-
-    Returns
-    -------
-    torch.Tensor
-        Shape ``(num_dst, *feat_shape)``, same device as ``messages``; zero
-        for dst nodes without in-edges.
-    """
-    out = messages.new_zeros((num_dst, *messages.shape[1:]))
-    return out.index_add_(0, dst, messages)
 
 
 class SAGEConv(nn.Module):
@@ -207,9 +104,9 @@ class SAGEConv(nn.Module):
         torch.Tensor
             Shape ``(num_dst, out_feats)``, on ``x.device``.
         """
-        adjacency, degrees = _adjacency(block, x)
+        adjacency, degrees = block_adjacency(block, x)
         num_dst = block.num_dst_nodes()
-        lin_before_mp = _project_first(adjacency, self.in_feats,
+        lin_before_mp = projects_first(adjacency, self.in_feats,
                                        self.out_feats)
         h_src = self.fc_neigh(x) if lin_before_mp else x
         h_neigh = adjacency @ h_src
@@ -334,7 +231,7 @@ class GCNConv(nn.Module):
         torch.Tensor
             Shape ``(num_dst, out_feats)``, on ``x.device``.
         """
-        adjacency, sampled = _adjacency(block, x)
+        adjacency, sampled = block_adjacency(block, x)
         num_dst = block.num_dst_nodes()
         if GCN_IN_DEGREE in block.dstdata and \
                 GCN_OUT_DEGREE in block.srcdata:
@@ -345,7 +242,7 @@ class GCNConv(nn.Module):
             out_degrees = torch.bincount(
                 adjacency.col_indices(), minlength=x.shape[0]).to(x.dtype)
         norm = (out_degrees + 1).pow(-0.5)
-        project_first = _project_first(adjacency, self.in_feats,
+        project_first = projects_first(adjacency, self.in_feats,
                                        self.out_feats)
         if project_first:
             h = (x @ self.weight) * norm.unsqueeze(-1)
@@ -354,7 +251,7 @@ class GCNConv(nn.Module):
             # The src rows' norm on the adjacency's entries and on the
             # self-loop's rows: no scaled copy of all of x (1.8 GB on a
             # synth-igb-large block).
-            weighted = _reweighted(adjacency, norm[adjacency.col_indices()])
+            weighted = reweighted(adjacency, norm[adjacency.col_indices()])
             agg = weighted @ x
             loop = x[:num_dst] * norm[:num_dst].unsqueeze(-1)
         if self.rescale:
@@ -464,7 +361,7 @@ class GATConv(nn.Module):
         torch.Tensor
             Shape ``(num_dst, num_heads, out_feats)``, on ``x.device``.
         """
-        src, dst = _edge_index(block, x)
+        src, dst = block_edges(block, x)
         num_dst = block.num_dst_nodes()
         if self.self_loop:
             # Src id u < num_dst is dst node u, so u -> u is a self-loop.
@@ -487,11 +384,11 @@ class GATConv(nn.Module):
             0, index, logits.detach(), reduce="amax", include_self=False
         )
         weights = torch.exp(logits - dst_max.index_select(0, dst))
-        denom = _sum_by_dst(weights, dst, num_dst)
+        denom = sum_by_dst(weights, dst, num_dst)
         attn = self.attn_drop(weights / denom.index_select(0, dst))
         # (3) Weighted sum of source messages.
         messages = feat_src.index_select(0, src) * attn.unsqueeze(-1)
-        h = _sum_by_dst(messages, dst, num_dst)
+        h = sum_by_dst(messages, dst, num_dst)
         if self.bias is not None:
             h = h + self.bias.view(1, heads, out_feats)
         return h

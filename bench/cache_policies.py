@@ -20,7 +20,9 @@ import common
 
 from hmgraph.args import budget_text, fraction, name_list, positive_int
 from hmgraph.cache.budget import parse_budget
+from hmgraph.cache.placement import planned_read
 from hmgraph.cache.plan import belady_policy, replay
+from hmgraph.cache.trace_replay import replay_hits
 from hmgraph.loader import STAGING_SHARE
 
 POLICIES = ("none", "degree", "presample", "lru", "clock", "hmgraph")
@@ -133,6 +135,9 @@ def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
     (plan,), trace = run["loader"].plan.values(), run["loader"].trace
     belady = belady_hit_rate(trace, plan.num_rows,
                              plan.held_rows, memo)
+    budget_rows = (device_budget + host_budget) // plan.row_bytes
+    optimum = None if policy == "none" else offline_optimum(
+        trace, run["source"], plan.num_rows, budget_rows, memo)
     stats, source = run["stats"], run["source"]
     cache, disk = stats["cache"], getattr(source, "disk", None)
     return {
@@ -142,6 +147,7 @@ def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
         "planned_policy": plan.policy,
         "batches": run["batches"], "rows_requested": cache["rows_requested"],
         "hit_rate": cache["hit_rate"], "belady": belady,
+        "optimum": optimum,
         "storage_rows_vs_belady": rows_vs_belady(
             cache["hit_rate"].get("source", 0.0), belady["hit_rate"]),
         "storage": stats.get("storage"), "staging_rows": plan.staging_rows,
@@ -159,19 +165,60 @@ def run_hmgraph(dataset, seeds, args, policy: str, device_budget: int,
     }
 
 
-def belady_hit_rate(trace: list, num_rows: int, capacity: int,
-                    memo: dict) -> dict:
-    """Belady's hit rate on ``trace`` with ``capacity`` rows."""
+def trace_digest(trace: list) -> str:
+    """A key of a trace's batches of ids, for memoising replays."""
     digest = hashlib.blake2b(digest_size=16)
     for ids in trace:
         digest.update(ids.numpy().tobytes() + b"|")
-    key = (digest.hexdigest(), capacity)
+    return digest.hexdigest()
+
+
+def belady_hit_rate(trace: list, num_rows: int, capacity: int,
+                    memo: dict) -> dict:
+    """Belady's hit rate on ``trace`` with ``capacity`` rows."""
+    key = (trace_digest(trace), capacity)
     start, memoised = time.perf_counter(), key in memo
     if not memoised:
         memo[key] = replay(belady_policy(trace, num_rows, capacity),
                            trace) if capacity else 0.0
     return {"capacity_rows": capacity, "hit_rate": memo[key],
             "seconds": time.perf_counter() - start, "memoised": memoised}
+
+
+def offline_optimum(trace: list, source, num_rows: int, capacity: int,
+                    memo: dict) -> dict | None:
+    """What no cache policy in this budget misses less than: Belady,
+    knowing the epoch (warmed with it too), with every budgeted byte a
+    row (no bookkeeping, no staging area), its misses read as the
+    storage tier reads (its gap rule, priced by its disk model:
+    `hmgraph.cache.placement.planned_read`), against every requested row
+    read the same way (no cache). A bound, not a target: an online policy
+    does not know the epoch. None without a disk model."""
+    if getattr(source, "disk", None) is None or not trace:
+        return None
+    key = (trace_digest(trace), capacity, "optimum")
+    if key not in memo:
+        missed = []
+        hits, asked = replay_hits(
+            belady_policy(trace, num_rows, capacity), trace,
+            on_miss=lambda ids: missed.append(ids.numpy()))
+        block, row_bytes = source.block_bytes, source.geometry[0]
+
+        def priced(batches):
+            seconds = nbytes = rows = 0
+            for ids in batches:
+                cost, plan = planned_read(source, ids)
+                seconds, nbytes = seconds + cost, nbytes + plan.blocks * block
+                rows += len(ids)
+            return seconds, nbytes / max(1, rows * row_bytes)
+
+        (ours, amplification), (none, _) = priced(missed), priced(
+            t.numpy() for t in trace)
+        memo[key] = {"capacity_rows": capacity, "hit_rate": hits / asked,
+                     "model_seconds": ours, "none_model_seconds": none,
+                     "seconds_vs_none": ours / none if none else None,
+                     "amplification": amplification}
+    return memo[key]
 
 
 def rows_vs_belady(storage_rate: float, belady_rate: float) -> float | None:
@@ -276,11 +323,18 @@ def papers_targets(records: list[dict], layouts: list[str]) -> list:
         storage = r["storage"] or {}
         ratio = storage.get("seconds", 0.0) / base["storage"]["seconds"] \
             if base and (base["storage"] or {}).get("seconds") else None
+        best = r.get("optimum") or {}
         rows += [common.target(
             "I34-4", f"{r['config']}: storage seconds / no cache's",
-            ratio, "<=", PAPERS_SECONDS_VS_NONE_MAX), common.target(
+            ratio, "<=", PAPERS_SECONDS_VS_NONE_MAX, (
+                f"offline optimum {best['seconds_vs_none']:.3f}: "
+                f"Belady knowing the epoch, the whole budget as rows, "
+                f"{best['capacity_rows']:,} ({100 * best['hit_rate']:.1f}"
+                f"% hits), modelled") if best else None), common.target(
             "I34-4", f"{r['config']}: read amplification",
-            storage.get("amplification"), "<=", PAPERS_AMPLIFICATION_MAX)]
+            storage.get("amplification"), "<=", PAPERS_AMPLIFICATION_MAX,
+            f"offline optimum's {best['amplification']:.2f}" if best
+            else None)]
     return rows
 
 

@@ -85,7 +85,8 @@ class CachePlan:
         ``hmgraph``: rows of the static part (hottest first, device
         first); the rest of both tiers is the dynamic region.
     window : int
-        ``hmgraph``: batches of lookahead.
+        Batches of lookahead: the policy's (``hmgraph``) and staging's
+        (``staging_rows``); 0 where neither looks ahead.
     curve : list of dict
         ``hmgraph``: profiled hit rate for each static share tried.
     reuse_levels : int
@@ -385,7 +386,9 @@ def _layout(policy, num_rows, row_bytes, device_rows, host_budget, staging,
     plan = CachePlan(policy, num_rows, row_bytes, device_rows, host_rows,
                      staging_rows=staging_rows,
                      host_metadata_charged=charged)
-    if cls.looks_ahead:
+    # Staging reads the next batches' rows along: it needs the window
+    # too, a static policy's plan included.
+    if cls.looks_ahead or staging_rows:
         plan.window = window
     if not cls.splits_static:
         return plan

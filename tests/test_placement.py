@@ -241,3 +241,30 @@ def test_the_dynamic_region_follows_its_verdict(data_root, batch_size,
     assert forced.plan["_N"].policy == "hmgraph"
     assert forced.plan["_N"].window == 4
     assert "the dynamic region" not in caplog.text
+
+
+def test_a_static_plan_with_staging_keeps_the_window_it_stages_for(
+        data_root):
+    """``presample`` with a staging area and the window left to the
+    planner: the plan carries the window staging was planned with, the
+    loader looks that far ahead, and the staging area serves rows (at
+    the window's default of 0 it held them and served none)."""
+    from hmgraph import datasets
+
+    data = datasets.load("synth-tiny", data_root, features_on="disk")
+    rows = datasets.load("synth-tiny", data_root).features
+    sampler = dgl.dataloading.NeighborSampler([10, 10])
+    seeds = data.split["train"][:8 * 64]
+    loader = hmgraph.DataLoader(
+        data.graph, seeds, sampler, batch_size=64, cache="presample",
+        seed=0, host_budget_bytes=data.feature_bytes // 5, staging=0.5,
+        profile_batches=8, features=data.feature_path)
+    try:
+        plan = loader.plan["_N"]
+        assert plan.policy == "presample" and plan.staging_rows > 0
+        assert plan.window == 4 and loader.window == 4
+        for batch in loader:
+            assert torch.equal(batch.x, rows[batch.input_nodes])
+        assert loader.stats.hit_rate("staged") > 0
+    finally:
+        loader.close()

@@ -188,7 +188,8 @@ def belady_hit_rate(trace: list, num_rows: int, capacity: int,
 def offline_optimum(trace: list, source, num_rows: int, capacity: int,
                     memo: dict) -> dict | None:
     """What no cache policy in this budget misses less than: Belady,
-    knowing the epoch (warmed with it too), with every budgeted byte a
+    knowing the epoch (warmed with its first-asked rows, as static
+    policies are with their profiled ones), with every budgeted byte a
     row (no bookkeeping, no staging area), its misses read as the
     storage tier reads (its gap rule, priced by its disk model:
     `hmgraph.cache.placement.planned_read`), against every requested row

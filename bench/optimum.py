@@ -38,7 +38,8 @@ from hmgraph.cache.readplan import read_plan
 from hmgraph.cache.storage import StorageFeature
 from hmgraph.cache.trace_replay import belady_policy, replay_hits
 
-FULL = {"dataset": "synth-papers", "batches": [10, 40], "batch_size": 1024,
+FULL = {"dataset": "synth-papers", "batches": [10, 40, 120],
+        "batch_size": 1024,
         "out": "bench/results/optimum.json"}
 QUICK = {"dataset": "synth-tiny", "batches": [2, 4], "batch_size": 128,
          "out": "/tmp/optimum_quick.json"}

@@ -83,7 +83,7 @@ def sample_trace(dataset, args) -> list[np.ndarray]:
             f"optimum.py: --batches {max(args.batches)} needs {needed:,} "
             f"train seeds, {dataset.name} has {order.numel():,}")
     sampler = dgl.dataloading.NeighborSampler(args.fanouts)
-    torch.manual_seed(args.seed)
+    dgl.seed(args.seed)  # the sampler draws from DGL's generator
     trace = []
     with common.progress(max(args.batches), "sampling") as bar:
         for start in range(0, needed, args.batch_size):

@@ -1,4 +1,4 @@
-"""The offline optimum of a cache budget: what no policy reads less than.
+"""The offline optimum of a cache budget: the fewest misses, priced.
 
 DGL's ``NeighborSampler`` over a seeded shuffle of the train split gives
 each batch's sorted unique input rows. For each trace length of
@@ -13,12 +13,15 @@ length read through, `hmgraph.cache.readplan.read_plan`):
   rule: every row alone, one page, the tier's break-even gap and twice
   it.
 
-No cache policy of that budget reads the trace in fewer modelled seconds
-than the best of these rules, so a target this misses is out of reach of
-any policy. A short trace flatters every warm cache: the optimum's warm
-fill holds most of the first batches. Issue 34's target 4 (synth-papers,
-host 20 %: storage seconds <= 0.3x no cache's, amplification <= 2) is
-judged per length. ``python bench/optimum.py --quick``.
+Belady misses the fewest rows any policy of that budget can; to read in
+fewer modelled seconds than the best of these rules, a policy would have
+to miss more rows that share requests, so a target missed here by a wide
+margin is out of reach. A short trace flatters every warm cache: the
+optimum's warm fill holds most of the first batches. DGL's sampler runs
+on several threads: figures move in the third digit between runs.
+Issue 34's target 4 (synth-papers, host 20 %: storage seconds <= 0.3x
+no cache's, amplification <= 2) is judged per length.
+``python bench/optimum.py --quick``.
 """
 
 from __future__ import annotations

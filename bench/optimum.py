@@ -10,8 +10,8 @@ length read through, `hmgraph.cache.readplan.read_plan`):
 - **Belady**: the optimal offline policy, told the trace and warmed with
   its first-asked rows, holding every byte of the device + host budget
   as a row (no bookkeeping, no staging area); its misses at each gap
-  rule: every row alone, one page, the tier's break-even gap and twice
-  it.
+  rule: no gap read through, gaps under one page, under the tier's
+  break-even gap and under twice it.
 
 Belady misses the fewest rows any policy of that budget can; to read in
 fewer modelled seconds than the best of these rules, a policy would have
@@ -119,10 +119,9 @@ def measure(trace, source, num_rows: int, capacity: int) -> dict:
     """No cache and Belady's misses on ``trace``, priced."""
     gap = source.max_gap_blocks * source.block_bytes
     none = priced(source, trace, gap)
-    missed = []
+    missed, batches = [], [torch.from_numpy(ids) for ids in trace]
     hits, asked = replay_hits(
-        belady_policy([torch.from_numpy(t) for t in trace], num_rows,
-                      capacity), [torch.from_numpy(t) for t in trace],
+        belady_policy(batches, num_rows, capacity), batches,
         on_miss=lambda ids: missed.append(ids.numpy()))
     rules = [priced(source, missed, g)
              for g in dict.fromkeys((0, PAGE_BYTES, gap, 2 * gap))]

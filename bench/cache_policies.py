@@ -17,12 +17,11 @@ import sys
 import time
 
 import common
+import optimum
 
 from hmgraph.args import budget_text, fraction, name_list, positive_int
 from hmgraph.cache.budget import parse_budget
-from hmgraph.cache.placement import planned_read
 from hmgraph.cache.plan import belady_policy, replay
-from hmgraph.cache.trace_replay import replay_hits
 from hmgraph.loader import STAGING_SHARE
 
 POLICIES = ("none", "degree", "presample", "lru", "clock", "hmgraph")
@@ -192,33 +191,25 @@ def offline_optimum(trace: list, source, num_rows: int, capacity: int,
     policies are with their profiled ones), with every budgeted byte a
     row (no bookkeeping, no staging area), its misses read as the
     storage tier reads (its gap rule, priced by its disk model:
-    `hmgraph.cache.placement.planned_read`), against every requested row
-    read the same way (no cache). A bound, not a target: an online policy
+    `optimum.priced`), against every requested row read the same way
+    (no cache). A bound, not a target: an online policy
     does not know the epoch. None without a disk model."""
     if getattr(source, "disk", None) is None or not trace:
         return None
     key = (trace_digest(trace), capacity, "optimum")
     if key not in memo:
-        missed = []
-        hits, asked = replay_hits(
-            belady_policy(trace, num_rows, capacity), trace,
-            on_miss=lambda ids: missed.append(ids.numpy()))
-        block, row_bytes = source.block_bytes, source.geometry[0]
-
-        def priced(batches):
-            seconds = nbytes = rows = 0
-            for ids in batches:
-                cost, plan = planned_read(source, ids)
-                seconds, nbytes = seconds + cost, nbytes + plan.blocks * block
-                rows += len(ids)
-            return seconds, nbytes / max(1, rows * row_bytes)
-
-        (ours, amplification), (none, _) = priced(missed), priced(
-            t.numpy() for t in trace)
-        memo[key] = {"capacity_rows": capacity, "hit_rate": hits / asked,
-                     "model_seconds": ours, "none_model_seconds": none,
-                     "seconds_vs_none": ours / none if none else None,
-                     "amplification": amplification}
+        batches = [ids.numpy() for ids in trace]
+        hit_rate, missed = optimum.belady_misses(batches, num_rows,
+                                                 capacity)
+        gap = optimum.tier_gap(source)
+        ours = optimum.priced(source, missed, gap)
+        none = optimum.priced(source, batches, gap)["model_seconds"]
+        memo[key] = {"capacity_rows": capacity, "hit_rate": hit_rate,
+                     "model_seconds": ours["model_seconds"],
+                     "none_model_seconds": none,
+                     "seconds_vs_none": ours["model_seconds"] / none
+                     if none else None,
+                     "amplification": ours["amplification"]}
     return memo[key]
 
 

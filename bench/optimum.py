@@ -115,20 +115,34 @@ def priced(source: StorageFeature, batches, gap_bytes: int) -> dict:
             "model_seconds": seconds}
 
 
-def measure(trace, source, num_rows: int, capacity: int) -> dict:
-    """No cache and Belady's misses on ``trace``, priced."""
-    gap = source.max_gap_blocks * source.block_bytes
-    none = priced(source, trace, gap)
+def belady_misses(trace, num_rows: int, capacity: int
+                  ) -> tuple[float, list[np.ndarray]]:
+    """Belady's hit rate on ``trace`` (sorted unique ids per batch),
+    told the trace and warmed with its first-asked rows, holding
+    ``capacity`` rows; and each batch's missed ids."""
     missed, batches = [], [torch.from_numpy(ids) for ids in trace]
     hits, asked = replay_hits(
         belady_policy(batches, num_rows, capacity), batches,
         on_miss=lambda ids: missed.append(ids.numpy()))
+    return hits / asked, missed
+
+
+def tier_gap(source: StorageFeature) -> int:
+    """The gap the storage tier reads through, in bytes."""
+    return source.max_gap_blocks * source.block_bytes
+
+
+def measure(trace, source, num_rows: int, capacity: int) -> dict:
+    """No cache and Belady's misses on ``trace``, priced."""
+    gap = tier_gap(source)
+    none = priced(source, trace, gap)
+    hit_rate, missed = belady_misses(trace, num_rows, capacity)
     rules = [priced(source, missed, g)
              for g in dict.fromkeys((0, PAGE_BYTES, gap, 2 * gap))]
     for rule in rules:
         rule["seconds_vs_none"] = rule["model_seconds"] / none[
             "model_seconds"]
-    return {"batches": len(trace), "none": none, "hit_rate": hits / asked,
+    return {"batches": len(trace), "none": none, "hit_rate": hit_rate,
             "belady": rules}
 
 

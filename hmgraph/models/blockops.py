@@ -95,6 +95,8 @@ def reweighted(adjacency, values):
 
 
 def check_features(block, x):
+    """Raise ``ValueError`` unless ``x`` holds one row per src node of
+    ``block``."""
     if x.dim() != 2 or x.shape[0] != block.num_src_nodes():
         raise ValueError(
             f"x must have shape (num_src_nodes={block.num_src_nodes()}, "

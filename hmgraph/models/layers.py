@@ -52,7 +52,6 @@ __all__ = [
 ]
 
 
-
 class SAGEConv(nn.Module):
     """GraphSAGE layer with the mean aggregator.
 

@@ -65,11 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         f"{FULL['out']}; --quick: {QUICK['out']})")
     add("--quick", action="store_true", help="smoke run: synth-tiny, "
         "traces of 2 and 4 batches of 128")
-    args = parser.parse_args(argv)
-    defaults = QUICK if args.quick else FULL
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    args = common.finish_args(parser, parser.parse_args(argv), FULL, QUICK)
     args.batches = sorted({int(b) for b in args.batches})
     return args
 

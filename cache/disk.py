@@ -386,7 +386,8 @@ def _bytes_per_second(fd: int, size: int, length: int, depth: int,
 
 
 def disk_model(path: str | os.PathLike, queue_depth: int | None = None,
-               seconds: float = 3.0, refresh: bool = False) -> DiskModel:
+               seconds: float = 3.0, refresh: bool = False,
+               keep: bool = True) -> DiskModel:
     """The device model for ``path``'s device: cached, else measured.
 
     ``queue_depth=None`` (the storage tier's default) asks for the depth
@@ -396,7 +397,9 @@ def disk_model(path: str | os.PathLike, queue_depth: int | None = None,
     for) and in memory, keyed by the device id; a cache from another
     device (the file was moved) is measured again, and so is any with
     ``refresh`` (a disk whose speed has drifted: ``hmgraph disk
-    --refresh``).
+    --refresh``). ``keep=False`` holds a new measurement in memory only,
+    for this process: one taken while the CPUs were busy says as much of
+    them as of the disk, and would price every later run's reads.
     """
     path = Path(path)
     device = path.stat().st_dev
@@ -409,7 +412,8 @@ def disk_model(path: str | os.PathLike, queue_depth: int | None = None,
         if model is None:
             model = measure_disk(path, queue_depth, seconds)
             log.info("measured %s: %s", path, model.describe())
-            _save(cache, model, queue_depth)
+            if keep:
+                _save(cache, model, queue_depth)
         _memo[key] = model
         return model
 

@@ -59,8 +59,7 @@ __all__ = ["DRIFT", "StorageFeature", "StorageStats"]
 
 log = logging.getLogger(__name__)
 
-#: Measured read seconds over the model's, for an epoch, beyond which (or
-#: under whose inverse) the disk is measured again.
+#: An epoch's measured / modelled read seconds past which (or 1 / it) drift.
 DRIFT = 1.5
 
 
@@ -74,10 +73,8 @@ class StorageFeature(Feature):
     num_threads : int, optional
         Threads issuing reads, the deepest queue; default the depth where
         the disk's random reads/s stop growing (`hmgraph.cache.disk.
-        disk_model`), 4 without a measured model. Each request keeps the
-        depth the model prices it soonest at in flight (`DiskModel.
-        depth_for`: all of them for many small reads, fewer for long
-        runs), at most this many.
+        disk_model`), 4 without a model. A request keeps in flight the
+        depth priced soonest (`DiskModel.depth_for`), at most this.
     direct : bool
         Open with ``O_DIRECT`` (bypass the page cache); default True. Where
         the filesystem refuses it, reads are buffered and a
@@ -97,12 +94,10 @@ class StorageFeature(Feature):
         if less. Rounded down to whole blocks; must be at least 4096.
     chunk_bytes : int, optional
         Target size of one piece (a read buffer's worth), in bytes;
-        default twice ``max_run_bytes``. Must be at least
-        ``max_run_bytes``, since a piece holds whole runs. A piece holds
-        whole rows and keeps adjacent rows together up to this size, so
-        its buffer can reach about twice this (plus one row). Small
-        requests are split further so that every thread gets work
-        (`hmgraph.cache.storage_plan` says why pieces).
+        default twice ``max_run_bytes``, at least it (a piece holds whole
+        runs and rows, so its buffer can reach about twice this). Small
+        requests are split so that every thread gets work (see
+        `hmgraph.cache.storage_plan`).
     max_gap_bytes : int, optional
         Blocks between two wanted blocks are read too when the gap is at
         most this many bytes; default the model's break-even gap
@@ -142,9 +137,11 @@ class StorageFeature(Feature):
 
     #: An epoch's reads shorter than this (measured and modelled seconds)
     #: say nothing about drift: measuring again takes some 3 s, which an
-    #: epoch of 20 batches would pay in full (bench/loader.py measured
-    #: again at the end of every pass at 1 s).
+    #: epoch of 20 batches would pay in full.
     drift_min_seconds: float = 30.0
+    #: 1-minute load average per CPU over which the CPUs are busy: slow
+    #: reads and a new measurement then say as much of them as of the disk.
+    busy_load: float = 1.0
 
     def __init__(
         self,
@@ -459,7 +456,8 @@ class StorageFeature(Feature):
         (`hmgraph.cache.disk.disk_model` with ``refresh``: the file beside
         the feature file is rewritten) and the tier plans its reads with
         the new model. Once per feature: a second drift is the workload's,
-        not the disk's.
+        not the disk's. With busy CPUs (`busy_load`) the new model is this
+        process's only: the file keeps the one later runs are priced with.
         """
         stats = self.stats
         mark = self._epoch_mark
@@ -475,10 +473,13 @@ class StorageFeature(Feature):
         if 1 / DRIFT <= ratio <= DRIFT:
             return
         self._refreshed = True
+        load = os.getloadavg()[0] / (os.cpu_count() or 1)
         log.warning("%s: the epoch's reads took %.1f s, %.2fx the disk "
-                    "model's %.1f s; measuring the disk again", self.path,
-                    seconds, ratio, model)
-        self.disk = disk_model(self.path, self._asked_depth, refresh=True)
+                    "model's %.1f s; measuring the disk again%s", self.path,
+                    seconds, ratio, model, f" for this run only (load "
+                    f"{load:.2f} a CPU)" * (load > self.busy_load))
+        self.disk = disk_model(self.path, self._asked_depth, refresh=True,
+                               keep=load <= self.busy_load)
         if self._default_gap:
             self.max_gap_bytes = self.disk.gap_bytes
             self._max_gap_blocks = self.max_gap_bytes // self.block_bytes

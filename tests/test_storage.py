@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import math
 import os
 import re
 import shutil
@@ -799,6 +800,7 @@ def test_disk_model_drifting_from_the_reads_is_measured_again(
     with StorageFeature(path, num_threads=2) as feature:
         assert feature.disk == wrong
         feature.drift_min_seconds = 0.0
+        feature.busy_load = math.inf  # quiet, whatever else runs here
         ids = torch.arange(0, 4000, 7)
         assert feature.read(ids).numpy().tobytes() == \
             rows[ids.numpy()].tobytes()
@@ -816,6 +818,41 @@ def test_disk_model_drifting_from_the_reads_is_measured_again(
         assert feature._epoch_mark[1] > 0
         assert feature.read(ids).numpy().tobytes() == \
             rows[ids.numpy()].tobytes()
+
+
+def test_a_disk_measured_again_on_a_busy_machine_is_not_kept(
+        disk_dir, monkeypatch, caplog):
+    """Slow reads while the CPUs are busy say as much of the CPUs as of
+    the disk: the tier prices the rest of the run with the new model, and
+    the file beside the feature keeps the model later runs start from."""
+    path = disk_dir / "feat.bin"
+    rows = make_rows((4000, 100), np.float32)
+    write_feature_file(path, rows)
+    device = path.stat().st_dev
+    quiet = DiskModel(512, 1e12, 1e15, 2, device)
+    cache = disk_dir / "feat.bin.disk.json"
+    cache.write_text(json.dumps(cached_models(quiet, "2")))
+    before = cache.read_text()
+    busy = DiskModel(512, 20_000.0, 1e9, 2, device)
+    monkeypatch.setattr(disk, "_memo", {})
+    monkeypatch.setattr(disk, "measure_disk", lambda *args: busy)
+    with StorageFeature(path, num_threads=2) as feature:
+        feature.drift_min_seconds = 0.0
+        feature.busy_load = 0.0  # any load is over it
+        ids = torch.arange(0, 4000, 7)
+        feature.read(ids)
+        with caplog.at_level("WARNING", logger="hmgraph.cache.storage"):
+            feature.release_buffers()
+        assert feature.disk == busy
+        assert feature.max_gap_bytes == busy.gap_bytes
+        assert "for this run only (load " in caplog.text
+        assert feature.read(ids).numpy().tobytes() == \
+            rows[ids.numpy()].tobytes()
+    assert cache.read_text() == before
+    assert disk_model(path, queue_depth=2) == busy  # this process's
+    monkeypatch.setattr(disk, "_memo", {})
+    monkeypatch.setattr(disk, "measure_disk", _refuse)
+    assert disk_model(path, queue_depth=2) == quiet  # a later run's
 
 
 @pytest.mark.parametrize("depth", [1, 3, 64, 128])

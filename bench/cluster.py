@@ -397,11 +397,10 @@ def keep_previous(result: dict, args) -> None:
             "environment": previous.get("environment")}
         if part == "sampling":  # the dataset's facts
             result["config"] = dict(previous["config"], **result["config"])
-    commits = [common.commit()] + [k["commit"] for k in
-                                   result["kept"].values()]
-    unique = [c for i, c in enumerate(commits) if c not in commits[:i]]
-    if len(unique) > 1:
-        result["commit"] = {"sha": None, "dirty": None, "merged": unique}
+    merged = common.merged_commit(
+        [common.commit()] + [k["commit"] for k in result["kept"].values()])
+    if "merged" in merged:
+        result["commit"] = merged
 
 
 def write(result: dict, args, part: str | None = None) -> None:

@@ -31,11 +31,11 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
+import common
 import published
 
 # Sets OMP_WAIT_POLICY, which the spawned workers inherit.
 import hmgraph.openmp  # noqa: F401
-from hmgraph.cache.format import atomic_path
 from hmgraph.markdown import markdown_table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,6 +115,14 @@ def format_markdown(report) -> str:
              f"dropout 0.5 for every model; atom features only. ROC-AUC "
              f"% (higher is better) or RMSE (lower is better), mean ± std "
              f"over seeds; **bold**: best of the set.", ""]
+    if report.get("environment"):
+        lines += [common.environment_text(report["environment"]) + ".", ""]
+    for commit in report.get("commit", {}).get("merged", []):
+        named = [f"{c['dataset']} {c['model']}" for c in cells
+                 if c.get("commit") == commit]
+        lines += [f"Cells {', '.join(named)} by commit `{commit['sha']}`"
+                  + (" with uncommitted changes" if commit["dirty"] else "")
+                  + ".", ""]
     align = "l" + "r" * len(sets)
     models = [m for m in MODELS if any(c["model"] == m for c in cells)]
     best = {}
@@ -181,11 +189,12 @@ def format_markdown(report) -> str:
 
 
 def _write(report, out: Path) -> None:
+    """Targets, then the JSON and markdown (`common.write_results`),
+    naming the commit of every cell (``merged`` where they differ)."""
     report["targets"] = verdicts(report["cells"])
-    for path, text in ((out, json.dumps(report, indent=1)),
-                       (out.with_suffix(".md"), format_markdown(report))):
-        with atomic_path(path) as tmp:
-            tmp.write_text(text)
+    report["commit"] = common.merged_commit(
+        c.get("commit") for c in report["cells"])
+    common.write_results(report, format_markdown(report), out)
 
 
 def main(argv=None) -> int:
@@ -218,7 +227,8 @@ def main(argv=None) -> int:
     settings = {"seeds": args.seeds, "epochs": args.epochs,
                 "patience": args.patience}
     out = Path(args.out)
-    report = {"settings": settings, "cells": []}
+    report = {"settings": settings, "cells": [],
+              "environment": common.environment()}
     if args.resume and out.is_file():
         report = json.loads(out.read_text())
         if report["settings"] != settings:
@@ -236,7 +246,7 @@ def main(argv=None) -> int:
         futures = [pool.submit(_cell, d, m, args.root, run_settings)
                    for d, m in jobs]
         for future in as_completed(futures):
-            cell = future.result()
+            cell = dict(future.result(), commit=common.commit())
             report["cells"].append(cell)
             _write(report, out)
             s = cell["summary"]

@@ -357,11 +357,8 @@ def markdown(report) -> str:
 def write(report, out):
     """Picks, targets and both files (JSON, markdown), atomically; the
     commit of the cells (``merged``: each, where they differ)."""
-    commits = [r["commit"] for r in report["records"] if r.get("commit")]
-    unique = [c for i, c in enumerate(commits) if c not in commits[:i]] \
-        or [common.commit()]
-    report["commit"] = unique[0] if len(unique) == 1 else {
-        "sha": None, "dirty": None, "merged": unique}
+    report["commit"] = common.merged_commit(
+        r.get("commit") for r in report["records"])
     selected = select_on_validation(report["records"])
     partial = partial_sets(report)
     report["targets"] = targets(report["records"], [

@@ -63,6 +63,15 @@ def test_results_name_their_commit(tmp_path):
                                                              "r.md"]
 
 
+def test_a_result_of_parts_names_each_commit_once():
+    a = {"sha": "a" * 40, "dirty": False}
+    b = {"sha": "b" * 40, "dirty": True}
+    assert benchmark.merged_commit([a, None, a]) == a
+    assert benchmark.merged_commit([b, a, None, b]) == {
+        "sha": None, "dirty": None, "merged": [b, a]}
+    assert benchmark.merged_commit([None]) == benchmark.commit()
+
+
 def test_name_list_refuses_unknown_and_repeated():
     parse = name_list(("a", "b"))
     assert parse("b,a") == ["b", "a"]

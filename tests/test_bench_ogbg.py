@@ -65,3 +65,23 @@ def test_protocol_table_reports_each_variants_worst_gap():
     assert "| holdout | 1 | +15.00 | 0 | 2 |" in text
     assert "| inner-s5 | 1 | +3.00 | 1 | 2 |" in text
     assert "55.00 ± 5.00 / 58.00 / **+3.00**" in text
+
+
+def test_the_table_names_the_commit_of_every_cell(tmp_path):
+    """Cells run by two commits: the JSON says ``merged`` and the table
+    which cells each commit ran."""
+    old, new = {"sha": "a" * 40, "dirty": False}, {"sha": "b" * 40,
+                                                    "dirty": False}
+    cells = [dict(cell("ogbg-molesol", "hap", "rmse", 1.1, 0.05),
+                  commit=old),
+             dict(cell("ogbg-molesol", "gin", "rmse", 1.0, 0.04),
+                  commit=new)]
+    report = {"settings": {"seeds": 10, "epochs": 100, "patience": 20},
+              "cells": cells}
+    ogbg._write(report, tmp_path / "ogbg.json")
+    assert report["commit"] == {"sha": None, "dirty": None,
+                                "merged": [old, new]}
+    text = (tmp_path / "ogbg.md").read_text()
+    assert f"Written by commits `{'a' * 40}`, `{'b' * 40}`" in text
+    assert f"Cells ogbg-molesol hap by commit `{'a' * 40}`." in text
+    assert f"Cells ogbg-molesol gin by commit `{'b' * 40}`." in text

@@ -28,6 +28,7 @@ __all__ = [
     "environment",
     "environment_text",
     "finish",
+    "merged_commit",
     "write_results",
 ]
 
@@ -51,6 +52,21 @@ def commit() -> dict:
     status = git("status", "--porcelain", "--", ".",
                  ":(exclude)bench/results") if sha else None
     return {"sha": sha, "dirty": None if status is None else bool(status)}
+
+
+def merged_commit(commits) -> dict:
+    """The commit of a result put together from parts run by ``commits``
+    (`commit` dicts, None for a part that recorded none): the one they
+    share, else ``{"sha": None, "dirty": None, "merged": [...]}`` naming
+    each once, in order; this checkout's `commit` where none is known."""
+    unique = []
+    for found in commits:
+        if found and found not in unique:
+            unique.append(found)
+    if not unique:
+        return commit()
+    return unique[0] if len(unique) == 1 else {
+        "sha": None, "dirty": None, "merged": unique}
 
 
 def environment() -> dict:

@@ -117,12 +117,8 @@ def format_markdown(report) -> str:
              f"over seeds; **bold**: best of the set.", ""]
     if report.get("environment"):
         lines += [common.environment_text(report["environment"]) + ".", ""]
-    for commit in report.get("commit", {}).get("merged", []):
-        named = [f"{c['dataset']} {c['model']}" for c in cells
-                 if c.get("commit") == commit]
-        lines += [f"Cells {', '.join(named)} by commit `{commit['sha']}`"
-                  + (" with uncommitted changes" if commit["dirty"] else "")
-                  + ".", ""]
+    lines += common.parts_by_commit(
+        report, cells, lambda c: f"{c['dataset']} {c['model']}")
     align = "l" + "r" * len(sets)
     models = [m for m in MODELS if any(c["model"] == m for c in cells)]
     best = {}

@@ -261,12 +261,8 @@ def markdown(report) -> str:
         f"Adam lr {config['lr']}, hidden {config['hidden']}, 3 levels, seed "
         f"{config['seed']}. Test accuracy %, mean ± std over the folds; "
         "**bold**: best of the row's dataset.", ""]
-    for commit in report.get("commit", {}).get("merged", []):
-        sets = dict.fromkeys(r["dataset"] for r in records
-                             if r.get("commit") == commit)
-        lines += [f"Cells of {', '.join(sets)} by commit `{commit['sha']}`"
-                  + (" with uncommitted changes" if commit["dirty"] else "")
-                  + ".", ""]
+    lines += common.parts_by_commit(report, records,
+                                    lambda r: r["dataset"])
     partial = partial_sets(report)
     if partial:
         lines += ["Not complete, so not judged below: " + ", ".join(

@@ -35,9 +35,10 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
+import common
+
 # Sets OMP_WAIT_POLICY, which the spawned workers inherit.
 import hmgraph.openmp  # noqa: F401
-from hmgraph.cache.format import atomic_path
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = REPO.parent / "shared" / "data"
@@ -111,6 +112,9 @@ def format_markdown(report) -> str:
              f"picked validation scores; gap = valid - test (target <= "
              f"{GAP_MAX:g} points).", "",
              *([report["note"], ""] if report.get("note") else []),
+             *common.parts_by_commit(
+                 report, cells,
+                 lambda c: f"{c['dataset']} {c['model']} {c['variant']}"),
              "| dataset | model | majority | " + " | ".join(
                  f"{v}: test / valid / gap" for v in variants) + " |",
              "|---|---|---:|" + "---:|" * len(variants)]
@@ -145,10 +149,12 @@ def format_markdown(report) -> str:
 
 
 def _write(report, out: Path) -> None:
-    for path, text in ((out, json.dumps(report, indent=1)),
-                       (out.with_suffix(".md"), format_markdown(report))):
-        with atomic_path(path) as tmp:
-            tmp.write_text(text)
+    """The JSON and markdown (`common.write_results`), naming the commit
+    of every cell that recorded one (``merged`` where they differ; the
+    note names those of cells from before cells recorded it)."""
+    report["commit"] = common.merged_commit(
+        c.get("commit") for c in report["cells"])
+    common.write_results(report, format_markdown(report), out)
 
 
 def main(argv=None) -> int:
@@ -205,7 +211,7 @@ def main(argv=None) -> int:
                    (d, m, v) for d, m, v in jobs}
         for future in as_completed(futures):
             for cell in future.result():
-                report["cells"].append(cell)
+                report["cells"].append(dict(cell, commit=common.commit()))
                 s = cell["summary"]
                 print(f"{cell['dataset']} {cell['model']} "
                       f"{cell['variant']}: test {100 * s['test_mean']:.2f}"

@@ -66,7 +66,10 @@ def test_results_name_their_commit(tmp_path):
 def test_a_result_of_parts_names_each_commit_once():
     a = {"sha": "a" * 40, "dirty": False}
     b = {"sha": "b" * 40, "dirty": True}
-    assert benchmark.merged_commit([a, None, a]) == a
+    assert benchmark.merged_commit([a, a]) == a
+    # A part that recorded no commit is not claimed for ``a``.
+    assert benchmark.merged_commit([a, None, a]) == {
+        "sha": None, "dirty": None, "merged": [a]}
     assert benchmark.merged_commit([b, a, None, b]) == {
         "sha": None, "dirty": None, "merged": [b, a]}
     assert benchmark.merged_commit([None]) == benchmark.commit()

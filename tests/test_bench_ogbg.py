@@ -67,6 +67,27 @@ def test_protocol_table_reports_each_variants_worst_gap():
     assert "55.00 ± 5.00 / 58.00 / **+3.00**" in text
 
 
+def test_protocol_names_the_commit_of_the_cells_that_have_one(tmp_path):
+    """A cell from before cells recorded their commit is claimed by none:
+    the note names it; the cells that have one are listed by it."""
+    def one(variant, commit=None):
+        return {"dataset": "MUTAG", "model": "gin", "variant": variant,
+                "majority": 0.665, "wall_seconds": 2.0, "gap": 1.0,
+                "summary": {"test_mean": 0.8, "test_std": 0.05,
+                            "valid_mean": 0.81},
+                **({"commit": commit} if commit else {})}
+
+    new = {"sha": "c" * 40, "dirty": False}
+    report = {"settings": {"epochs": 100, "patience": 20},
+              "cells": [one("holdout"), one("inner-s5", new)]}
+    protocol._write(report, tmp_path / "protocol.json")
+    assert report["commit"] == {"sha": None, "dirty": None,
+                                "merged": [new]}
+    text = (tmp_path / "protocol.md").read_text()
+    assert f"Cells of MUTAG gin inner-s5 by commit `{'c' * 40}`." in text
+    assert "MUTAG gin holdout by" not in text
+
+
 def test_the_table_names_the_commit_of_every_cell(tmp_path):
     """Cells run by two commits: the JSON says ``merged`` and the table
     which cells each commit ran."""
@@ -83,5 +104,5 @@ def test_the_table_names_the_commit_of_every_cell(tmp_path):
                                 "merged": [old, new]}
     text = (tmp_path / "ogbg.md").read_text()
     assert f"Written by commits `{'a' * 40}`, `{'b' * 40}`" in text
-    assert f"Cells ogbg-molesol hap by commit `{'a' * 40}`." in text
-    assert f"Cells ogbg-molesol gin by commit `{'b' * 40}`." in text
+    assert f"Cells of ogbg-molesol hap by commit `{'a' * 40}`." in text
+    assert f"Cells of ogbg-molesol gin by commit `{'b' * 40}`." in text

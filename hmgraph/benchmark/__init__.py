@@ -15,8 +15,8 @@ One module a part, each a page or two:
 * `tables`: the targets (`target`, `targets_table`, `built_note`),
   `amortized`, and `markdown_table` (from `hmgraph.markdown`, the one
   helper every table of the project goes through);
-* `results`: `commit`, `merged_commit`, `environment`, `write_results`,
-  `finish`;
+* `results`: `commit`, `merged_commit`, `parts_by_commit`,
+  `environment`, `write_results`, `finish`;
 * `plots`: the stages plot of ``hmgraph bench``;
 * `metis`: METIS parts in a child process (`metis_parts`, `metis_text`).
 
@@ -63,6 +63,7 @@ from hmgraph.benchmark.results import (
     environment_text,
     finish,
     merged_commit,
+    parts_by_commit,
     write_results,
 )
 from hmgraph.benchmark.tables import (
@@ -82,7 +83,8 @@ __all__ = [
     "environment_text", "finish", "hmgraph_epoch", "hot_first_layout",
     "isolated", "load", "loader_epoch", "markdown_table", "merged_commit",
     "metis_parts",
-    "metis_text", "new_model", "open_memmap", "peak_rss_bytes", "progress",
+    "metis_text", "new_model", "open_memmap", "parts_by_commit",
+    "peak_rss_bytes", "progress",
     "read_bytes", "run", "run_one", "seeded_subset", "target",
     "targets_table", "train_step", "write_results",
 ]

@@ -29,6 +29,7 @@ __all__ = [
     "environment_text",
     "finish",
     "merged_commit",
+    "parts_by_commit",
     "write_results",
 ]
 
@@ -57,16 +58,32 @@ def commit() -> dict:
 def merged_commit(commits) -> dict:
     """The commit of a result put together from parts run by ``commits``
     (`commit` dicts, None for a part that recorded none): the one they
-    share, else ``{"sha": None, "dirty": None, "merged": [...]}`` naming
-    each once, in order; this checkout's `commit` where none is known."""
+    all share, else ``{"sha": None, "dirty": None, "merged": [...]}``
+    naming each known one once, in order (a part with none is not
+    claimed for any); this checkout's `commit` where none is known."""
+    commits = list(commits)
     unique = []
     for found in commits:
         if found and found not in unique:
             unique.append(found)
     if not unique:
         return commit()
-    return unique[0] if len(unique) == 1 else {
+    return unique[0] if len(unique) == 1 and all(commits) else {
         "sha": None, "dirty": None, "merged": unique}
+
+
+def parts_by_commit(result: dict, parts, name) -> list[str]:
+    """Markdown lines naming which of ``parts`` (records with a
+    ``commit``) each commit of ``result``'s ``merged`` ran: ``name(part)``
+    of each, once, in order; none where one commit ran them all."""
+    lines = []
+    for found in (result.get("commit") or {}).get("merged", []):
+        names = dict.fromkeys(name(p) for p in parts
+                              if p.get("commit") == found)
+        lines += [f"Cells of {', '.join(names)} by commit `{found['sha']}`"
+                  + (" with uncommitted changes" if found["dirty"] else "")
+                  + ".", ""]
+    return lines
 
 
 def environment() -> dict:

@@ -30,6 +30,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import common
+import pooling_defaults
 import published
 
 REPO = Path(__file__).resolve().parents[1]
@@ -345,6 +346,8 @@ def markdown(report) -> str:
         common.target(3, f"HAP's seconds per epoch / DiffPool's on "
                       f"{EPOCH_SET}, batch {b}", v.get("ratio"), "<=",
                       EPOCH_RATIO_MAX) for b, v in sizes.items())])]
+    lines += pooling_defaults.markdown(report.get("issue36") or {},
+                                      records, common)
     if report.get("note"):
         lines += ["", report["note"]]
     return "\n".join(lines) + "\n"
@@ -362,6 +365,12 @@ def write(report, out):
         selected)
     report["selected"] = [{"dataset": d, "model": m, **v}
                           for (d, m), v in selected.items()]
+    old = {} if Path(out).resolve() == pooling_defaults.OLD_TABLE \
+        else pooling_defaults.old_selected()
+    report["issue36"] = pooling_defaults.targets(
+        report["records"], selected, [
+            d for d in report["config"]["datasets"] if d not in partial],
+        old) if report["config"].get("selection") != "holdout" else {}
     common.write_results(report, markdown(report), out)
 
 

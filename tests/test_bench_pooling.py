@@ -10,6 +10,7 @@ from benchscripts import load_bench
 from hmgraph.classify import summarize
 
 bench = load_bench("pooling")
+defaults = load_bench("pooling_defaults")
 
 
 def record(dataset, model, folds, index=0, majority=0.5):
@@ -240,3 +241,33 @@ def test_a_stopped_cell_resumes_from_its_kept_folds(shared_data, tmp_path,
         [0.125, earlier["folds"][1]["test"]]
     assert record["folds"][1]["epochs_run"] == 2
     assert not cell.exists()
+
+
+def test_issue_36_reads_every_model_at_the_cli_defaults():
+    """The cells of each model's default configuration (batch 128, HAP's
+    dropout 0, the baselines' 0.5) decide targets 1 and 2; HAP's
+    selected figure is set beside the old table's, less its std."""
+    def run(model, batch, dropout, test, valid, index):
+        r = record("D", model, [(valid, 0.3, test), (valid, 0.3, test)],
+                   index, majority=0.6)
+        return dict(r, overrides={"batch_size": batch, "dropout": dropout})
+
+    records = [run("hap", 128, 0.0, 0.70, 0.72, 0),
+               run("hap", 32, 0.0, 0.99, 0.99, 1),  # not the defaults
+               run("gin", 128, 0.5, 0.75, 0.85, 2),
+               run("gin", 128, 0.0, 0.50, 0.50, 3)]  # not the defaults
+    assert set(defaults.cli_defaults(records)) == {("D", "hap"),
+                                                   ("D", "gin")}
+    selected = bench.select_on_validation(records)
+    old = {("D", "hap"): {"test_mean": 0.90, "test_std": 0.05}}
+    found = defaults.targets(records, selected, ["D", "E"], old)["D"]
+    assert (found["best"], found["verdict"]) == ("gin", defaults.LOSS)
+    assert found["valid_gap"] == pytest.approx({"hap": 2.0, "gin": 10.0})
+    rows = {(t["target"], t["what"].split(":")[1][:6]): t
+            for t in defaults.target_rows({"D": found}, bench.common)}
+    assert rows["I36-1", " best "]["verdict"] == "MISS"  # 5 > 0 std
+    assert rows["I36-1", " HAP -"]["value"] == pytest.approx(10.0)
+    assert rows["I36-2", " worst"]["value"] == pytest.approx(10.0)
+    # HAP's pick (fold by fold: c1's 0.99 validation) against 0.90 - 0.05.
+    assert rows["I36-4", " HAP s"]["value"] == pytest.approx(99.0)
+    assert rows["I36-4", " HAP s"]["verdict"] == "PASS"

@@ -1,0 +1,132 @@
+"""Issue 36's targets, read from the pooling bench's cells.
+
+The grid of `pooling.py` holds, for every model, the configuration that
+``hmgraph classify`` runs by default (`ClassifyConfig.batch_size`, the
+model's own `default_dropout`), under the CLI's default protocol. Its
+cells answer, with no run of their own:
+
+1. per TU set, HAP above the majority class and best or within one std
+   of the best model, every model at its defaults;
+2. per set and model at its defaults, the mean best validation accuracy
+   minus the test accuracy at most `GAP_MAX` points;
+4. per set, HAP's selected figure (the per-fold pick of the grid) no
+   more than one std below the one of the table it replaces (the
+   old protocol's ``bench/results/pooling.json``, its own std).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+GAP_MAX = 5.0  # points of accuracy, valid - test
+#: The nine-set table made under the old protocol (carved hold-out).
+OLD_TABLE = Path(__file__).resolve().parent / "results" / "pooling.json"
+WIN, TIE, LOSS = "best", "within one std", "below"
+
+
+def cli_defaults(records) -> dict:
+    """``{(dataset, model): record}`` of the grid cells that ran the
+    configuration ``hmgraph classify`` runs by default."""
+    from hmgraph.models.pooling import default_dropout
+    from hmgraph.settings import ClassifyConfig
+
+    batch = ClassifyConfig.batch_size
+    return {(r["dataset"], r["model"]): r for r in records
+            if (o := r.get("overrides", {})).get("batch_size") == batch
+            and o.get("dropout") == default_dropout(r["model"])}
+
+
+def old_selected(path: Path = OLD_TABLE) -> dict:
+    """``{(dataset, model): summary}`` of the old table's picks; empty
+    where there is none."""
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {(s["dataset"], s["model"]): s["summary"]
+            for s in report.get("selected", [])}
+
+
+def targets(records, selected, datasets, old) -> dict:
+    """The three targets' findings per set (sets where HAP's cell at
+    its defaults ran, with at least one other model's)."""
+    defaults = cli_defaults(records)
+    found = {}
+    for dataset in datasets:
+        runs = {m: r for (d, m), r in defaults.items() if d == dataset}
+        if "hap" not in runs or len(runs) < 2:
+            continue
+        means = {m: r["summary"]["test_mean"] for m, r in runs.items()}
+        best = max(means, key=lambda m: (means[m], m != "hap"))
+        gap = means[best] - means["hap"]
+        std = runs[best]["summary"]["test_std"]
+        hap_now = selected.get((dataset, "hap"))
+        hap_then = old.get((dataset, "hap"))
+        found[dataset] = {
+            "models": sorted(runs), "hap": means["hap"], "best": best,
+            "best_mean": means[best], "best_std": std,
+            "majority": runs["hap"]["majority"],
+            "verdict": WIN if best == "hap" else TIE if gap <= std
+            else LOSS,
+            "valid_gap": {m: 100 * (r["summary"]["valid_mean"]
+                                    - r["summary"]["test_mean"])
+                          for m, r in runs.items()},
+            "then": None if hap_then is None or hap_now is None else {
+                "now": hap_now["summary"]["test_mean"],
+                "then": hap_then["test_mean"],
+                "then_std": hap_then["test_std"]}}
+    return found
+
+
+def target_rows(found, common) -> list:
+    """The targets table's rows (`common.target`), per set."""
+    rows = []
+    for d, v in found.items():
+        rows += [
+            common.target(
+                "I36-1", f"{d}: best - HAP at the defaults, points (best "
+                f"of {len(v['models'])}: {v['best']} "
+                f"{100 * v['best_mean']:.2f} ± {100 * v['best_std']:.2f})",
+                round(100 * (v["best_mean"] - v["hap"]), 2), "<=",
+                round(100 * v["best_std"], 2)),
+            common.target(
+                "I36-1", f"{d}: HAP - the majority class "
+                f"({100 * v['majority']:.2f}), points",
+                round(100 * (v["hap"] - v["majority"]), 2), ">=", 0),
+            common.target(
+                "I36-2", f"{d}: worst valid - test at the defaults, "
+                f"points ({max(v['valid_gap'], key=v['valid_gap'].get)})",
+                round(max(v["valid_gap"].values()), 2), "<=", GAP_MAX)]
+        if v["then"]:
+            then = v["then"]
+            rows.append(common.target(
+                "I36-4", f"{d}: HAP selected, % (the old table "
+                f"{100 * then['then']:.2f} ± {100 * then['then_std']:.2f}"
+                ", less one std)", round(100 * then["now"], 2), ">=",
+                round(100 * (then["then"] - then["then_std"]), 2)))
+    return rows
+
+
+def markdown(found, records, common) -> list[str]:
+    """The section: each model at its defaults per set (test % and valid
+    - test in points), then the targets."""
+    if not found:
+        return []
+    defaults = cli_defaults(records)
+    models = sorted({m for v in found.values() for m in v["models"]},
+                    key=lambda m: (m != "hap", m))
+    rows = [[m, *(
+        f"{100 * s['test_mean']:.2f} ± {100 * s['test_std']:.2f} / "
+        f"{100 * (s['valid_mean'] - s['test_mean']):+.2f}"
+        if (s := (defaults.get((d, m)) or {}).get("summary")) else None
+        for d in found)] for m in models]
+    return ["", "## Issue 36: every model at the CLI's defaults", "",
+            "The grid's cell of each model's default configuration "
+            "(`hmgraph classify --dataset D --model M`: batch 128, the "
+            "model's own dropout), no selection: test accuracy %, mean ± "
+            "std over the folds / mean best validation minus test, "
+            "points. Target 4 sets HAP's selected figure above beside the "
+            "old protocol's table (`results/pooling.json`).", "",
+            common.markdown_table(["model", *found], rows), "",
+            common.targets_table(target_rows(found, common))]

@@ -77,14 +77,11 @@ from hmgraph.benchmark.tables import (
 
 __all__ = [
     "AMORTIZE_EPOCHS", "CONFIGS", "DGL_WORKERS", "DROPOUT", "LR",
-    "ConfigurationFailed", "amortized", "built_note", "commit",
-    "dgl_baseline",
+    "ConfigurationFailed", "amortized", "built_note", "commit", "dgl_baseline",
     "dgl_epoch", "disk_text", "drop_page_cache", "environment",
     "environment_text", "finish", "hmgraph_epoch", "hot_first_layout",
     "isolated", "load", "loader_epoch", "markdown_table", "merged_commit",
-    "metis_parts",
-    "metis_text", "new_model", "open_memmap", "parts_by_commit",
-    "peak_rss_bytes", "progress",
-    "read_bytes", "run", "run_one", "seeded_subset", "target",
-    "targets_table", "train_step", "write_results",
+    "metis_parts", "metis_text", "new_model", "open_memmap", "parts_by_commit",
+    "peak_rss_bytes", "progress", "read_bytes", "run", "run_one",
+    "seeded_subset", "target", "targets_table", "train_step", "write_results",
 ]

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from hmgraph.cache.feature import Feature
+from hmgraph.cache.policy_base import hot_first
 from hmgraph.cache.readplan import ReadPlan, read_plan
 from hmgraph.cache.trace_replay import split_profile
 
@@ -75,13 +76,12 @@ def span_score(score: torch.Tensor, first: int,
     """
     if span_rows < 1:
         raise ValueError(f"span_rows must be positive, got {span_rows}")
-    score = score.double().cpu()
     n = score.numel()
     spans = torch.arange(n) // span_rows
     top = torch.zeros(n, dtype=torch.bool)
     if first > 0:
-        order = torch.argsort(score, descending=True, stable=True)
-        top[order[:first]] = True
+        top[hot_first(score.cpu())[:first]] = True
+    score = score.double().cpu()
     rest = torch.where(top, 0.0, score)
     count = torch.bincount(spans, weights=(~top).double())
     mean = torch.bincount(spans, weights=rest) / count.clamp(min=1)
@@ -147,11 +147,9 @@ def choose_span_rows(source: Feature, trace, first: int, held: int
     gap_rows = max(1, -(-gap // source.row_bytes))
     seconds = {}
     for span in (0,) + tuple(m * gap_rows for m in SPAN_GAPS):
-        score = hotness.double() if not span else span_score(
-            hotness, first, span)
+        score = hotness if not span else span_score(hotness, first, span)
         mask = np.zeros(n, dtype=bool)
-        mask[torch.argsort(score, descending=True,
-                           stable=True)[:held].numpy()] = True
+        mask[hot_first(score)[:held].numpy()] = True
         seconds[span] = read_seconds(source, held_out, mask)
     best = min(seconds, key=seconds.get)
     if seconds[best] > (1 - _MARGIN) * seconds[0]:

@@ -46,6 +46,7 @@ from hmgraph.cache.metadata import (
     store_metadata_bytes,
 )
 from hmgraph.cache.policies import POLICIES, make_policy
+from hmgraph.cache.policy_base import hot_first
 from hmgraph.cache.reuse import TABLE_BYTES_PER_ROW, reuse_profile
 from hmgraph.cache.slots import SlotStore, SlotTable
 from hmgraph.cache.trace_replay import (
@@ -430,9 +431,8 @@ def _device_resident(plan: CachePlan, counts) -> torch.Tensor | None:
                                                  plan.static_rows)
     if counts is None or rows == 0:
         return None
-    hottest = torch.argsort(counts.double(), descending=True, stable=True)
     resident = torch.zeros(plan.num_rows, dtype=torch.bool)
-    resident[hottest[:rows]] = True
+    resident[hot_first(counts)[:rows]] = True
     return resident
 
 

@@ -10,17 +10,44 @@ policy families build on this module: `hmgraph.cache.policy_static`,
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["EMPTY_IDS", "NoCachePolicy", "Policy", "Step", "storage_bytes"]
+__all__ = ["EMPTY_IDS", "NoCachePolicy", "Policy", "Step", "hot_first",
+           "storage_bytes"]
 
 #: No ids: int64, empty, on the CPU; what a policy returns for nothing to
 #: warm, pin, evict or admit (never written to).
 EMPTY_IDS = torch.zeros(0, dtype=torch.int64)
+
+#: `hot_first`'s orders, each kept while its scores live, with the
+#: version of the scores it was sorted from.
+_ORDERS = WeakIdKeyDictionary()
+_ORDERS_LOCK = threading.Lock()
+
+
+def hot_first(score: torch.Tensor) -> torch.Tensor:
+    """Rows by ``score``, highest first, ties in id order (stable).
+
+    A plan ranks the same profiled counts several times (each static
+    share replayed, the device's pinned rows, the spans): the order of a
+    tensor is kept while the tensor lives and is not written to, so one
+    sort serves them all (on synth-products, 13 sorts of 2.4M rows took
+    1.5 s of an 8 s build). The order returned must not be written to.
+    """
+    with _ORDERS_LOCK:
+        kept = _ORDERS.get(score)
+    if kept is not None and kept[0] == score._version:
+        return kept[1]
+    order = torch.argsort(score.double(), descending=True, stable=True)
+    with _ORDERS_LOCK:
+        _ORDERS[score] = (score._version, order)
+    return order
 
 
 @dataclass

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from hmgraph.cache import engine
-from hmgraph.cache.policy_base import EMPTY_IDS, Policy, Step
+from hmgraph.cache.policy_base import EMPTY_IDS, Policy, Step, hot_first
 
 __all__ = ["BeladyPolicy", "HMGraphPolicy", "next_use_trace"]
 
@@ -67,8 +67,7 @@ class HMGraphPolicy(Policy):
             )
         self.static_rows = static_rows
         self.window = window
-        hotness = hotness.double()
-        order = torch.argsort(hotness, descending=True, stable=True)
+        order = hot_first(hotness)
         self.static = torch.zeros(num_rows, dtype=torch.bool)
         self.static[order[:static_rows]] = True
         self._static_order = order[:static_rows].clone()

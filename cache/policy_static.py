@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from hmgraph.cache.policy_base import Policy, Step
+from hmgraph.cache.policy_base import Policy, Step, hot_first
 
 __all__ = [
     "DegreePolicy",
@@ -38,9 +38,8 @@ class StaticPolicy(Policy):
                 f"{self.name} needs one score per row: got {score.numel()} "
                 f"for {num_rows} rows"
             )
-        order = torch.argsort(score.double(), descending=True, stable=True)
         # A copy: a view would keep the whole order (8 B per node) alive.
-        self._contents = order[:capacity].clone()
+        self._contents = hot_first(score)[:capacity].clone()
 
     def warm(self) -> torch.Tensor:
         """The held rows, highest score first."""

@@ -10,9 +10,11 @@ profile for several static shares (`choose_static_rows`).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from hmgraph.cache.policies import BeladyPolicy, HMGraphPolicy, make_policy
 
@@ -21,6 +23,10 @@ __all__ = ["STATIC_SHARES", "belady_policy", "choose_static_rows",
 
 #: Static shares of the cache tried when choosing the hmgraph split.
 STATIC_SHARES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
+#: `split_profile`'s counts by the first batch of their trace (kept while
+#: it lives), with the batches they were counted from.
+_SPLITS = WeakIdKeyDictionary()
+_SPLITS_LOCK = threading.Lock()
 
 
 def split_profile(trace, num_rows) -> tuple:
@@ -39,11 +45,23 @@ def split_profile(trace, num_rows) -> tuple:
     tuple of (torch.Tensor, sequence of torch.Tensor)
         ``(hotness, held_out)``: int64 accesses per row (CPU) over the
         first ``len(trace) // 2`` batches, and the batches after them.
+        The counts are shared by every split of the same batches: they
+        must not be written to.
     """
     half = len(trace) // 2
+    # A plan splits one profile several times: the counts of a trace are
+    # kept while its first batch lives (`_SPLITS`), and shared.
+    key = (num_rows, tuple((id(t), t._version) for t in trace[:half]))
+    with _SPLITS_LOCK:
+        kept = _SPLITS.get(trace[0]) if half else None
+    if kept is not None and kept[0] == key:
+        return kept[1], trace[half:]
     hotness = torch.zeros(num_rows, dtype=torch.int64)
     for ids in trace[:half]:
         hotness[ids] += 1
+    if half:
+        with _SPLITS_LOCK:
+            _SPLITS[trace[0]] = (key, hotness)
     return hotness, trace[half:]
 
 

@@ -10,6 +10,7 @@ policy families build on this module: `hmgraph.cache.policy_static`,
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -19,35 +20,64 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["EMPTY_IDS", "NoCachePolicy", "Policy", "Step", "hot_first",
-           "storage_bytes"]
+           "kept", "rankings_kept", "storage_bytes"]
 
 #: No ids: int64, empty, on the CPU; what a policy returns for nothing to
 #: warm, pin, evict or admit (never written to).
 EMPTY_IDS = torch.zeros(0, dtype=torch.int64)
 
-#: `hot_first`'s orders, each kept while its scores live, with the
-#: version of the scores it was sorted from.
-_ORDERS = WeakIdKeyDictionary()
-_ORDERS_LOCK = threading.Lock()
+#: What `kept` computed on a tensor, by tensor (kept while it lives) and
+#: then by key: ``(the tensor's version, value)``; None out of
+#: `rankings_kept`.
+_KEPT: WeakIdKeyDictionary | None = None
+_KEPT_SCOPES = 0
+_KEPT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def rankings_kept():
+    """A scope in which `kept` keeps what it computes (nested and
+    threads share one): a plan ranks one profile several times (each
+    static share replayed, the device's pinned rows, the spans; on
+    synth-products 13 sorts of 2.4M rows took 1.5 s of an 8 s build).
+    Everything is let go when the last scope ends: an order is 8 bytes a
+    node, which no plan keeps after it is made."""
+    global _KEPT, _KEPT_SCOPES
+    with _KEPT_LOCK:
+        _KEPT_SCOPES += 1
+        if _KEPT is None:
+            _KEPT = WeakIdKeyDictionary()
+    try:
+        yield
+    finally:
+        with _KEPT_LOCK:
+            _KEPT_SCOPES -= 1
+            if not _KEPT_SCOPES:
+                _KEPT = None
+
+
+def kept(tensor: torch.Tensor, key, make):
+    """``make()``; within `rankings_kept`, computed once per ``tensor``
+    and ``key`` while ``tensor`` lives and is not written to. What it
+    returns is shared: it must not be written to."""
+    with _KEPT_LOCK:
+        found = _KEPT.get(tensor, {}).get(key) if _KEPT is not None \
+            else None
+    if found is not None and found[0] == tensor._version:
+        return found[1]
+    value = make()
+    with _KEPT_LOCK:
+        if _KEPT is not None:
+            _KEPT.setdefault(tensor, {})[key] = (tensor._version, value)
+    return value
 
 
 def hot_first(score: torch.Tensor) -> torch.Tensor:
-    """Rows by ``score``, highest first, ties in id order (stable).
-
-    A plan ranks the same profiled counts several times (each static
-    share replayed, the device's pinned rows, the spans): the order of a
-    tensor is kept while the tensor lives and is not written to, so one
-    sort serves them all (on synth-products, 13 sorts of 2.4M rows took
-    1.5 s of an 8 s build). The order returned must not be written to.
-    """
-    with _ORDERS_LOCK:
-        kept = _ORDERS.get(score)
-    if kept is not None and kept[0] == score._version:
-        return kept[1]
-    order = torch.argsort(score.double(), descending=True, stable=True)
-    with _ORDERS_LOCK:
-        _ORDERS[score] = (score._version, order)
-    return order
+    """Rows by ``score``, highest first, ties in id order (a stable
+    sort); sorted once per score within `rankings_kept`. The order
+    returned must not be written to."""
+    return kept(score, "hot_first", lambda: torch.argsort(
+        score.double(), descending=True, stable=True))
 
 
 @dataclass

@@ -10,23 +10,18 @@ profile for several static shares (`choose_static_rows`).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from hmgraph.cache.policies import BeladyPolicy, HMGraphPolicy, make_policy
+from hmgraph.cache.policy_base import kept, rankings_kept
 
 __all__ = ["STATIC_SHARES", "belady_policy", "choose_static_rows",
            "replay", "replay_hits", "split_profile"]
 
 #: Static shares of the cache tried when choosing the hmgraph split.
 STATIC_SHARES = (0.0, 0.25, 0.5, 0.75, 0.9, 1.0)
-#: `split_profile`'s counts by the first batch of their trace (kept while
-#: it lives), with the batches they were counted from.
-_SPLITS = WeakIdKeyDictionary()
-_SPLITS_LOCK = threading.Lock()
 
 
 def split_profile(trace, num_rows) -> tuple:
@@ -45,24 +40,23 @@ def split_profile(trace, num_rows) -> tuple:
     tuple of (torch.Tensor, sequence of torch.Tensor)
         ``(hotness, held_out)``: int64 accesses per row (CPU) over the
         first ``len(trace) // 2`` batches, and the batches after them.
-        The counts are shared by every split of the same batches: they
-        must not be written to.
+        Within `hmgraph.cache.policy_base.rankings_kept` the counts are
+        shared by every split of the same batches: not to be written to.
     """
     half = len(trace) // 2
-    # A plan splits one profile several times: the counts of a trace are
-    # kept while its first batch lives (`_SPLITS`), and shared.
-    key = (num_rows, tuple((id(t), t._version) for t in trace[:half]))
-    with _SPLITS_LOCK:
-        kept = _SPLITS.get(trace[0]) if half else None
-    if kept is not None and kept[0] == key:
-        return kept[1], trace[half:]
-    hotness = torch.zeros(num_rows, dtype=torch.int64)
-    for ids in trace[:half]:
-        hotness[ids] += 1
-    if half:
-        with _SPLITS_LOCK:
-            _SPLITS[trace[0]] = (key, hotness)
-    return hotness, trace[half:]
+
+    def count():
+        hotness = torch.zeros(num_rows, dtype=torch.int64)
+        for ids in trace[:half]:
+            hotness[ids] += 1
+        return hotness
+
+    if not half:
+        return count(), trace
+    # A plan splits one profile several times: counted once (`kept`).
+    key = ("split", num_rows, tuple((id(t), t._version)
+                                    for t in trace[:half]))
+    return kept(trace[0], key, count), trace[half:]
 
 
 def choose_static_rows(policy, num_rows, capacity, counts, trace,
@@ -99,15 +93,16 @@ def choose_static_rows(policy, num_rows, capacity, counts, trace,
     if capacity == 0 or len(trace) < 2:
         return capacity, []
     # A static part is judged on batches it was not chosen from.
-    hotness, held_out = split_profile(trace, num_rows)
     curve = []
-    for share in STATIC_SHARES:
-        static_rows = int(round(share * capacity))
-        rate = replay(make_policy(policy, num_rows, capacity,
-                                  hotness=hotness, static_rows=static_rows,
-                                  window=window), held_out)
-        curve.append({"static_share": share, "static_rows": static_rows,
-                      "hit_rate": rate})
+    with rankings_kept():  # one sort of the hotness for every share
+        hotness, held_out = split_profile(trace, num_rows)
+        for share in STATIC_SHARES:
+            static_rows = int(round(share * capacity))
+            rate = replay(make_policy(
+                policy, num_rows, capacity, hotness=hotness,
+                static_rows=static_rows, window=window), held_out)
+            curve.append({"static_share": share, "static_rows": static_rows,
+                          "hit_rate": rate})
     # The highest hit rate; on a tie the larger static part (no refills).
     best = max(curve, key=lambda p: (round(p["hit_rate"], 4),
                                      p["static_rows"]))

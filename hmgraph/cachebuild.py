@@ -44,6 +44,7 @@ from hmgraph.cache.plan import (
     reuse_ring_rows,
 )
 from hmgraph.cache.policies import POLICIES, layer_aware_score, make_policy
+from hmgraph.cache.policy_base import rankings_kept
 from hmgraph.cache.reuse import (
     REUSE_LEVELS,
     TABLE_BYTES_PER_ROW,
@@ -169,9 +170,11 @@ class CacheBuilder:
         total = sum(s.num_rows * s.row_bytes for s in sources.values())
         for ntype, source in sources.items():
             share = source.num_rows * source.row_bytes / max(total, 1)
-            plan = self._plan(source, cache, int(device_budget_bytes * share),
-                              int(host_budget_bytes * share), window, reuse,
-                              staging)
+            with rankings_kept():  # the profile's orders, for planning
+                plan = self._plan(source, cache,
+                                  int(device_budget_bytes * share),
+                                  int(host_budget_bytes * share), window,
+                                  reuse, staging)
             built.plan[ntype] = plan
             built.cache[ntype] = self._cache(ntype, source, plan)
             built.feature[ntype] = self._reads_from(

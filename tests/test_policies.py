@@ -213,31 +213,36 @@ def test_a_replay_decides_as_the_reference_policy(capacity, static,
 
 
 def test_one_sort_serves_every_ranking_of_the_same_counts():
-    """`hot_first` is a stable descending sort, kept while its scores
-    live and are unchanged: a plan's replays of one profile sort it
-    once; a tensor written to is sorted again."""
+    """Within `rankings_kept`, `hot_first` (a stable descending sort)
+    and `split_profile` compute once per tensor while it lives and is
+    not written to; out of it, and after it, nothing is kept."""
     import gc
 
-    from hmgraph.cache.policy_base import _ORDERS, hot_first
+    from hmgraph.cache import policy_base
+    from hmgraph.cache.policy_base import hot_first, rankings_kept
     from hmgraph.cache.trace_replay import split_profile
 
     counts = torch.tensor([3, 7, 7, 0, 5])
-    order = hot_first(counts)
-    assert order.tolist() == [1, 2, 4, 0, 3]
-    assert hot_first(counts) is order
-    counts[3] = 9  # written to: sorted again
-    assert hot_first(counts).tolist() == [3, 1, 2, 4, 0]
-    kept = len(_ORDERS)
-    del counts, order
-    gc.collect()
-    assert len(_ORDERS) == kept - 1
+    assert hot_first(counts).tolist() == [1, 2, 4, 0, 3]
+    assert hot_first(counts) is not hot_first(counts)  # no scope
     trace = [torch.tensor([0, 1]), torch.tensor([1, 2]),
              torch.tensor([2, 3]), torch.tensor([4])]
-    hotness, held_out = split_profile(trace, 5)
-    assert hotness.tolist() == [1, 2, 1, 0, 0]
-    assert held_out == trace[2:]
-    again, _ = split_profile(list(trace), 5)
-    assert again is hotness  # the same batches: counted once
-    other, _ = split_profile([trace[0], trace[2], trace[3]], 5)
-    assert other.tolist() == [1, 1, 0, 0, 0]
-    assert split_profile(trace, 5)[0].tolist() == [1, 2, 1, 0, 0]
+    with rankings_kept():
+        order = hot_first(counts)
+        with rankings_kept():  # nested: the same store
+            assert hot_first(counts) is order
+        assert hot_first(counts) is order
+        counts[3] = 9  # written to: sorted again
+        assert hot_first(counts).tolist() == [3, 1, 2, 4, 0]
+        hotness, held_out = split_profile(trace, 5)
+        assert hotness.tolist() == [1, 2, 1, 0, 0]
+        assert held_out == trace[2:]
+        assert split_profile(list(trace), 5)[0] is hotness
+        other, _ = split_profile([trace[0], trace[2], trace[3]], 5)
+        assert other.tolist() == [1, 1, 0, 0, 0]  # not the first's
+        kept = len(policy_base._KEPT)
+        del counts, order
+        gc.collect()
+        assert len(policy_base._KEPT) == kept - 1  # let go with the tensor
+    assert policy_base._KEPT is None  # and all of it with the scope
+    assert split_profile(trace, 5)[0] is not hotness

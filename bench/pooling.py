@@ -41,10 +41,6 @@ MODELS = ["hap", "gin", "topk", "sagpool", "diffpool"]
 #: Every model's search, as in the GIN paper (Xu et al. 2019): batch
 #: size {32, 128} x dropout {0, 0.5}; the epoch by early stopping.
 GRID = "batch_size=32,128;dropout=0,0.5"
-# Relative cost of one epoch (measured on 2 cores), to start big jobs first.
-COST = {"DD": 20.0, "NCI1": 8.0, "NCI109": 8.0, "Mutagenicity": 8.0,
-        "PROTEINS": 3.0, "AIDS": 2.0, "ENZYMES": 1.5, "IMDB-BINARY": 1.5,
-        "MUTAG": 0.3}
 WIN, TIE, LOSS = "best", "within one std", "below"
 WINS_NEEDED = 7
 EPOCH_SET, EPOCH_RATIO_MAX = "NCI1", 1.5  # HAP's epoch / DiffPool's
@@ -472,9 +468,11 @@ def main(argv=None) -> int:
     done = {(r["dataset"], r["model"], r["name"]) for r in report["records"]}
     jobs = [(d, m, (i, o)) for d, m, (i, o) in itertools.product(
         datasets, models, enumerate(grid)) if (d, m, config_name(o)) not in
-        done]  # the most expensive first
-    jobs.sort(key=lambda job: -COST.get(job[0], 1.0) * 128
-              / job[2][1].get("batch_size", 128))
+        done]
+    # A set at a time, in the order given (a run stopped part way leaves
+    # whole sets), the most expensive cells of a set first.
+    jobs.sort(key=lambda job: (datasets.index(job[0]),
+                               -128 / job[2][1].get("batch_size", 128)))
     threads = 1 if args.workers > 1 else max(1, os.cpu_count() or 1)
     for path in prune_kept_folds(kept_folder(out)):
         print(f"kept fold made by other code, run again: {path}")

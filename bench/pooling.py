@@ -32,6 +32,7 @@ from pathlib import Path
 import common
 import pooling_defaults
 import published
+from pooling_defaults import LOSS, TIE, WIN
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = REPO.parent / "shared" / "data"
@@ -41,7 +42,6 @@ MODELS = ["hap", "gin", "topk", "sagpool", "diffpool"]
 #: Every model's search, as in the GIN paper (Xu et al. 2019): batch
 #: size {32, 128} x dropout {0, 0.5}; the epoch by early stopping.
 GRID = "batch_size=32,128;dropout=0,0.5"
-WIN, TIE, LOSS = "best", "within one std", "below"
 WINS_NEEDED = 7
 EPOCH_SET, EPOCH_RATIO_MAX = "NCI1", 1.5  # HAP's epoch / DiffPool's
 #: Timed apart from the cells (`time_epochs`): epochs per run, runs.

@@ -25,8 +25,11 @@ copies the last one's admitted rows, with the same rows, decisions and
 counters.
 
 It serves caches on the CPU with at most one layer whose stores share one
-id -> slot table (``hmgraph`` and the static policies, or no layer); on
-a GPU see `hmgraph.cache.ondevice`, the others read through the reference.
+id -> slot table (``hmgraph`` and the static policies, or no layer), and
+one layer of ``lru`` or ``clock`` (`inflight.STEPPED`: their own torch
+step once the reads succeed, a batch at a time; the engine does the
+rest); on a GPU see `hmgraph.cache.ondevice`, the others read through
+the reference.
 """
 
 from __future__ import annotations
@@ -39,7 +42,14 @@ import torch
 from hmgraph.cache import engine, reuse_engine
 from hmgraph.cache.buffers import BufferPool
 from hmgraph.cache.disk import read_plan
-from hmgraph.cache.inflight import InFlight, apply_tables, undo
+from hmgraph.cache.inflight import (
+    STEPPED,
+    InFlight,
+    apply_tables,
+    dynamic_choice,
+    stepped_choice,
+    undo,
+)
 from hmgraph.cache.policies import HMGraphPolicy, StaticPolicy
 
 __all__ = ["CompiledRead", "each_once", "supports"]
@@ -55,7 +65,7 @@ def supports(cache) -> bool:
     if cache.layers:
         layer = cache.layers[0]
         policy = layer.policy
-        if not isinstance(policy, StaticPolicy) and \
+        if not isinstance(policy, STEPPED + (StaticPolicy,)) and \
                 type(policy) is not HMGraphPolicy:
             return False
         tables = {store.slot_of.data_ptr() for store in layer.stores}
@@ -110,6 +120,7 @@ class CompiledRead:
             else np.zeros(1, dtype=np.bool_)
         self.layered = self.policy is not None and \
             self.policy.resident.numel() > 0
+        self.stepped = isinstance(self.policy, STEPPED)
         self.marked = _EMPTY
         self.tick = 0
         #: The batch `submit` started and no later call finished.
@@ -136,13 +147,7 @@ class CompiledRead:
         if staging is not None:
             engine.mark_window(self.cache._marks.numpy(), none, none,
                                np.zeros(1, np.int64))
-        if type(self.policy) is HMGraphPolicy:
-            policy = self.policy
-            engine.choose_dynamic(
-                none, np.zeros(0, np.bool_), none, none,
-                np.zeros(1, np.int64), policy.window,
-                policy.next_use.numpy(), policy.cold_rank.numpy(),
-                np.iinfo(np.int32).max, 0, policy.num_rows)
+        if self.stepped or type(self.policy) is HMGraphPolicy:
             counts = np.array([s.num_free for s in self.stores], np.int64)
             engine.evict_ids(none, self.table, self.low, self.high,
                              self.id_of, self.free, counts, self.resident)
@@ -150,6 +155,13 @@ class CompiledRead:
                                 self.id_of, self.free, counts, self.resident,
                                 none, none)
             engine.copy_admitted(nothing, none, self.buffers, none, none)
+        if type(self.policy) is HMGraphPolicy:
+            policy = self.policy
+            engine.choose_dynamic(
+                none, np.zeros(0, np.bool_), none, none,
+                np.zeros(1, np.int64), policy.window,
+                policy.next_use.numpy(), policy.cold_rank.numpy(),
+                np.iinfo(np.int32).max, 0, policy.num_rows)
 
     def _stamp(self) -> int:
         self.tick += 1
@@ -278,6 +290,8 @@ class CompiledRead:
         phase sees the state it would see if the batches were read one
         after the other: the same rows, decisions and counters.
         """
+        if self.stepped:  # its choice follows the reads: none overlap
+            self.drain()
         previous = self.inflight
         if previous is not None and not previous.decided:
             self._apply(previous)
@@ -375,7 +389,7 @@ class CompiledRead:
         if self.stores:
             batch.found += self._gather(batch, 0, len(self.stores))
         if type(self.policy) is HMGraphPolicy:
-            apply_tables(self, batch, self._decide(batch))
+            apply_tables(self, batch, dynamic_choice(self, batch))
         batch.decided = True
         batch.seconds += time.perf_counter() - begin
 
@@ -394,6 +408,8 @@ class CompiledRead:
         """Phase 5: the admitted rows into their slots; counters."""
         begin = time.perf_counter()
         cache = self.cache
+        if self.stepped:
+            stepped_choice(self, batch)
         if len(batch.admit_rows):
             engine.copy_admitted(batch.out_rows, batch.admit_rows,
                                  self.buffers, batch.admit_store,
@@ -471,16 +487,6 @@ class CompiledRead:
         return source.read_into_later(
             union[order], (out_rows, engine.byte_rows(staging.buffer)),
             which, where), slots
-
-    def _decide(self, batch: InFlight):
-        """The hmgraph policy's choice for this batch (nothing applied)."""
-        policy = self.policy
-        hit = (batch.store >= 0) & (batch.store < len(self.stores))
-        return engine.choose_dynamic(
-            batch.ids, hit, policy._held.numpy(), batch.ahead, batch.bounds,
-            policy.window, policy.next_use.numpy(), policy.cold_rank.numpy(),
-            np.iinfo(np.int32).max, policy.capacity - policy.static_rows,
-            policy.num_rows)
 
 
 def _nothing() -> None:

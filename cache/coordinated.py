@@ -81,9 +81,10 @@ class FeatureCache(Feature):
     engine : str
         ``"compiled"`` (default): the compiled engine
         (`hmgraph.cache.compiled`) where it serves the layout (CPU
-        stores, one layer of the ``hmgraph`` or a static policy, or
-        none), on a GPU the ``"device"`` engine (the tensor code below,
-        run by the GPU: `hmgraph.cache.ondevice`) where it serves it;
+        stores, one layer of the ``hmgraph``, a static, the ``lru`` or
+        the ``clock`` policy, or none), on a GPU the ``"device"`` engine
+        (the tensor code below, run by the GPU: `hmgraph.cache.ondevice`)
+        where it serves it;
         ``"torch"``: the tensor code, bookkeeping in host memory, the
         reference both are tested against. `engine` says which reads.
 

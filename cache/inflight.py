@@ -18,10 +18,16 @@ import numpy as np
 import torch
 
 from hmgraph.cache import engine
+from hmgraph.cache.policies import ClockPolicy, LRUPolicy
 
-__all__ = ["InFlight", "PendingRead", "apply_tables", "undo"]
+__all__ = ["STEPPED", "InFlight", "PendingRead", "apply_tables",
+           "dynamic_choice", "place", "stepped_choice", "undo"]
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+#: Policies whose choice is their own `Policy.step` (torch code, in
+#: proportion to the batch), taken once the batch's reads succeeded
+#: (`stepped_choice`): nothing of theirs to undo.
+STEPPED = (LRUPolicy, ClockPolicy)
 
 
 def _nothing() -> None:
@@ -106,36 +112,78 @@ class PendingRead:
         return self._rows
 
 
+def dynamic_choice(reader, batch: InFlight):
+    """The hmgraph policy's choice for ``batch`` (nothing applied): evict
+    ids, admit positions, the held ids after the step."""
+    policy = reader.policy
+    hit = (batch.store >= 0) & (batch.store < len(reader.stores))
+    return engine.choose_dynamic(
+        batch.ids, hit, policy._held.numpy(), batch.ahead, batch.bounds,
+        policy.window, policy.next_use.numpy(), policy.cold_rank.numpy(),
+        np.iinfo(np.int32).max, policy.capacity - policy.static_rows,
+        policy.num_rows)
+
+
+def stepped_choice(reader, batch: InFlight) -> None:
+    """A `STEPPED` policy's choice, once ``batch``'s reads succeeded,
+    taken as the reference takes it (the unique ids in id order), then
+    applied to the tables (`place`)."""
+    ids = batch.ids
+    order = engine.argsort(ids, reader.cache.num_rows)
+    asked = ids[order]
+    step = reader.policy.step(torch.from_numpy(asked))
+    served = ((batch.store >= 0) & (batch.store < len(reader.stores)))[order]
+    if not np.array_equal(served, step.hit.numpy()):
+        raise RuntimeError(
+            f"cache corrupt: the {reader.policy.name} policy and its stores "
+            f"disagree on {int((served != step.hit.numpy()).sum())} rows")
+    admit = order[np.searchsorted(asked, step.admit.numpy())]
+    place(reader, batch, step.evict.numpy(), admit)
+
+
 def apply_tables(reader, batch: InFlight, decided) -> None:
-    """Apply the policy's choice (evict ids, admit positions, the held
-    ids after the step) to ``reader``'s tables: evictions, then the
+    """Apply the hmgraph policy's choice (evict ids, admit positions, the
+    held ids after the step) to ``reader``'s tables: evictions, then the
     admitted rows' slots; the rows themselves are copied once read
     (`engine.copy_admitted`). What it changes is kept in
     ``batch.before`` for `undo`."""
     policy = reader.policy
     evict, admit, held = decided
+    num_free = np.array([s.num_free for s in reader.stores], np.int64)
+    batch.before = {
+        "num_free": num_free.copy(),
+        "pushed": [free[n:n + len(evict)].copy()
+                   for free, n in zip(reader.free, num_free, strict=True)],
+        "evict": evict, "evict_slot": reader.table[evict].copy(),
+        "evict_resident": reader.resident[evict].copy()
+        if reader.layered else None,
+        "held": policy._held, "size": policy._size}
+    place(reader, batch, evict, admit)
+    policy._held = torch.from_numpy(held)
+    policy._size += len(admit) - len(evict)
+
+
+def place(reader, batch: InFlight, evict, admit) -> None:
+    """The tables' part of a choice: ``evict`` (ids) out of their slots,
+    then the ids at positions ``admit`` of the batch into free ones, in
+    order (`engine.evict_ids`, `engine.insert_slots`); the slots go to
+    ``batch`` for `engine.copy_admitted`. With ``batch.before`` set, the
+    admitted ids and their residency are kept there for `undo`."""
     ids = batch.ids
     if batch.at is not None:  # ids and positions of the output's rows
         by_row = np.zeros(len(batch.out_rows), dtype=np.int64)
         by_row[batch.at] = ids
         ids, admit = by_row, batch.at[admit]
     num_free = np.array([s.num_free for s in reader.stores], np.int64)
-    pushed = [free[n:n + len(evict)].copy()
-              for free, n in zip(reader.free, num_free, strict=True)]
-    batch.before = {
-        "num_free": num_free.copy(), "pushed": pushed,
-        "evict": evict, "evict_slot": reader.table[evict].copy(),
-        "evict_resident": reader.resident[evict].copy()
-        if reader.layered else None,
-        "held": policy._held, "size": policy._size}
     batch.freed = engine.evict_ids(evict, reader.table, reader.low,
                                    reader.high, reader.id_of, reader.free,
                                    num_free, reader.resident)
     batch.admit_store = np.empty(len(admit), dtype=np.int64)
     batch.admit_slot = np.empty(len(admit), dtype=np.int64)
     admitted = ids[admit]
-    batch.before["admit_resident"] = reader.resident[admitted].copy() \
-        if reader.layered else None
+    if batch.before:
+        batch.before["admit_resident"] = reader.resident[admitted].copy() \
+            if reader.layered else None
     batch.inserted = engine.insert_slots(
         ids, admit, reader.table, reader.low, reader.id_of, reader.free,
         num_free, reader.resident, batch.admit_store, batch.admit_slot)
@@ -143,11 +191,10 @@ def apply_tables(reader, batch: InFlight, decided) -> None:
     batch.admit_rows = admit[:taken]
     batch.admit_store = batch.admit_store[:taken]
     batch.admit_slot = batch.admit_slot[:taken]
-    batch.before["admitted"] = admitted[:taken]
+    if batch.before:
+        batch.before["admitted"] = admitted[:taken]
     for number, store_ in enumerate(reader.stores):
         store_.num_free = int(num_free[number])
-    policy._held = torch.from_numpy(held)
-    policy._size += len(admit) - len(evict)
 
 
 def undo(reader, batch: InFlight) -> None:

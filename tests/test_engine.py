@@ -29,6 +29,10 @@ from hmgraph.cache.engine import select_along
 #: The policies the compiled engine serves; the others read through the
 #: reference whatever the engine asked.
 COMPILED = ["hmgraph", "presample", "degree", "layer-aware", "none"]
+#: Policies stepped in torch (`compiled.STEPPED`): compiled with one
+#: store (one layer); a layer a store, they read through the reference.
+STEPPED = ["lru", "clock"]
+ONE_STORE = {k: v for k, v in BUDGETS.items() if 0 in v}
 SOURCES = ["memory", "storage", "storage-staged"]
 WINDOW = 3
 
@@ -107,9 +111,28 @@ def test_compiled_engine_decides_as_the_reference(policy, budget, kind,
             cache.close()
 
 
+@pytest.mark.parametrize("kind", SOURCES)
+@pytest.mark.parametrize("budget", ONE_STORE.values(), ids=ONE_STORE.keys())
+@pytest.mark.parametrize("policy", STEPPED)
+def test_a_stepped_policy_is_compiled_and_decides_as_the_reference(
+        policy, budget, kind, rows, feature_path):
+    """lru and clock step in torch once the reads succeed; the engine
+    does the rest: the same rows, tables, counters and policy state."""
+    caches = pair(policy, budget, kind, rows, feature_path)
+    try:
+        assert caches[0].engine == "compiled"
+        # (host-only with staging: staging and the policy's bookkeeping
+        # take the whole host budget, and no layer is built)
+        assert caches[0]._compiled.stepped == bool(caches[0].layers)
+        run_trace(caches, recorded_trace(seed=7), rows)
+    finally:
+        for cache in caches:
+            cache.close()
+
+
 #: Hypothesis draws: a policy, a budget, a source and batches of any ids.
 ANY_BATCHES = {
-    "policy": st.sampled_from(["hmgraph", "presample"]),
+    "policy": st.sampled_from(["hmgraph", "presample", "lru", "clock"]),
     "budget": st.sampled_from(list(BUDGETS.values())),
     "kind": st.sampled_from(SOURCES),
     "batches": st.lists(st.lists(st.integers(0, NUM_ROWS - 1),

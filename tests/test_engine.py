@@ -132,7 +132,7 @@ def test_a_stepped_policy_is_compiled_and_decides_as_the_reference(
 
 #: Hypothesis draws: a policy, a budget, a source and batches of any ids.
 ANY_BATCHES = {
-    "policy": st.sampled_from(["hmgraph", "presample", "lru", "clock"]),
+    "policy": st.sampled_from(["hmgraph", "presample"]),
     "budget": st.sampled_from(list(BUDGETS.values())),
     "kind": st.sampled_from(SOURCES),
     "batches": st.lists(st.lists(st.integers(0, NUM_ROWS - 1),
@@ -145,6 +145,21 @@ ANY_BATCHES = {
 def test_compiled_engine_equals_the_reference_on_any_batches(
         policy, budget, kind, batches, rows, feature_path):
     """Any ids, repeats and empty batches included."""
+    caches = pair(policy, budget, kind, rows, feature_path)
+    try:
+        run_trace(caches, batches, rows)
+    finally:
+        for cache in caches:
+            cache.close()
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(**dict(ANY_BATCHES, policy=st.sampled_from(STEPPED),
+              budget=st.sampled_from(list(ONE_STORE.values()))))
+def test_a_stepped_policy_equals_the_reference_on_any_batches(
+        policy, budget, kind, batches, rows, feature_path):
+    """lru and clock, one store: any ids, repeats and empty batches."""
     caches = pair(policy, budget, kind, rows, feature_path)
     try:
         run_trace(caches, batches, rows)

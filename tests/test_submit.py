@@ -19,7 +19,9 @@ from test_cache import BUDGETS
 from test_engine import (
     ANY_BATCHES,
     COMPILED,
+    ONE_STORE,
     SOURCES,
+    STEPPED,
     WINDOW,
     pair,
     recorded_trace,
@@ -72,6 +74,17 @@ def compare(policy, budget, kind, batches, rows, feature_path):
 def test_interleaved_batches_read_as_one_by_one(policy, budget, kind,
                                                 rows, feature_path):
     compare(policy, budget, kind, uniques_of(recorded_trace(seed=11)),
+            rows, feature_path)
+
+
+@pytest.mark.parametrize("budget", ONE_STORE.values(), ids=ONE_STORE.keys())
+@pytest.mark.parametrize("policy", STEPPED)
+def test_a_stepped_policy_submitted_reads_as_one_by_one(policy, budget,
+                                                       rows, feature_path):
+    """lru and clock take their step once a batch's reads succeeded:
+    `submit` finishes the batch before (none overlap), the same rows,
+    decisions and counters."""
+    compare(policy, budget, "storage", uniques_of(recorded_trace(seed=11)),
             rows, feature_path)
 
 

@@ -145,6 +145,11 @@ ANY_BATCHES = {
 def test_compiled_engine_equals_the_reference_on_any_batches(
         policy, budget, kind, batches, rows, feature_path):
     """Any ids, repeats and empty batches included."""
+    read_alike(policy, budget, kind, batches, rows, feature_path)
+
+
+def read_alike(policy, budget, kind, batches, rows, feature_path):
+    """`run_trace` of ``batches`` on a fresh `pair`, closed after."""
     caches = pair(policy, budget, kind, rows, feature_path)
     try:
         run_trace(caches, batches, rows)
@@ -160,12 +165,7 @@ def test_compiled_engine_equals_the_reference_on_any_batches(
 def test_a_stepped_policy_equals_the_reference_on_any_batches(
         policy, budget, kind, batches, rows, feature_path):
     """lru and clock, one store: any ids, repeats and empty batches."""
-    caches = pair(policy, budget, kind, rows, feature_path)
-    try:
-        run_trace(caches, batches, rows)
-    finally:
-        for cache in caches:
-            cache.close()
+    read_alike(policy, budget, kind, batches, rows, feature_path)
 
 
 def test_layouts_the_engine_does_not_serve_read_through_the_reference(

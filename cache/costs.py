@@ -31,6 +31,7 @@ import torch
 from hmgraph.cache import reuse_engine
 from hmgraph.cache.feature import Feature, TensorFeature
 from hmgraph.cache.placement import PRICED_BATCHES, planned_read
+from hmgraph.cache.policy_base import hot_first
 from hmgraph.cache.reuse_sizing import reused_in
 
 __all__ = ["KernelCosts", "Verdict", "lost_hit_share", "measure_kernel_costs",
@@ -296,7 +297,7 @@ def lost_hit_share(counts: torch.Tensor, score: torch.Tensor, held: int,
     """
     if kept >= held or not len(counts):
         return 0.0
-    order = torch.argsort(score, descending=True, stable=True)[kept:held]
+    order = hot_first(score)[kept:held]
     total = float(counts.sum())
     return float(counts[order].sum()) / total if total else 0.0
 

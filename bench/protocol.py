@@ -21,12 +21,17 @@ An ``inner-retrain`` run trains the very models ``inner`` would and
 records their ensemble's test score too: it yields both cells.
 
 Results accumulate in ``--out`` (JSON) and its markdown twin, one cell at
-a time (a stopped run keeps the cells done; ``--resume`` skips them).
+a time (a stopped run keeps the cells done; ``--resume`` skips them). A
+cell whose settings equal a complete cell of the pooling grid (``--grid``,
+`bench/pooling.py`: every model under the inner protocol, smoothed, at
+batch size {32, 128} x dropout {0, 0.5}) is that cell, taken with its
+commit instead of run again.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -53,6 +58,9 @@ VARIANTS = {
     "inner-retrain-s5": {"selection": "inner-retrain", "smooth": 5},
 }
 GAP_MAX = 5.0  # points of accuracy
+#: The pooling grid (`bench/pooling.py`), whose complete cells this table
+#: takes where the settings are the same.
+GRID = RESULTS / "pooling-inner.json"
 
 
 def _cell(dataset, model, variant, root, settings, extra):
@@ -83,20 +91,83 @@ def _cell(dataset, model, variant, root, settings, extra):
 def _summary(dataset, model, variant, extra, result, data, start):
     import torch
 
+    counts = torch.bincount(data.labels)
+    return _make_cell(dataset, model, variant, extra, result["protocol"],
+                      result["folds"], float(counts.max() / counts.sum()),
+                      time.perf_counter() - start)
+
+
+def _make_cell(dataset, model, variant, extra, protocol, folds, majority,
+               seconds) -> dict:
+    """A cell of the table from the folds of one cross-validated run."""
     from hmgraph.classify import summarize
 
     name = " ".join([variant] + [f"{k}={v:g}" for k, v in extra.items()])
-    summary = summarize(result["folds"])
-    counts = torch.bincount(data.labels)
+    summary = summarize(folds)
     return {"dataset": dataset, "model": model, "variant": name,
             "overrides": {**VARIANTS[variant], **extra},
-            "protocol": result["protocol"], "summary": summary,
+            "protocol": protocol, "summary": summary,
             "gap": 100 * (summary["valid_mean"] - summary["test_mean"]),
-            "majority": float(counts.max() / counts.sum()),
+            "majority": majority,
             "folds": [{k: f[k] for k in ("fold", "best_epoch", "epochs_run",
                                          "valid", "test", "seconds")}
-                      for f in result["folds"]],
-            "wall_seconds": time.perf_counter() - start}
+                      for f in folds],
+            "wall_seconds": seconds}
+
+
+@functools.cache
+def _dataset(name, root):
+    from hmgraph.classify import load_graph_dataset
+
+    return load_graph_dataset(name, root)
+
+
+def trained_settings(fields: dict, root) -> dict:
+    """The `FOLD_KEYS` settings ``hmgraph classify`` trains with, given
+    ``fields`` (ClassifyConfig's, ``dataset`` and ``model`` among them;
+    the rest at their defaults)."""
+    from hmgraph.classify import FOLD_KEYS, ClassifyConfig, resolve_defaults
+
+    config = resolve_defaults(ClassifyConfig(**fields),
+                              _dataset(fields["dataset"], root))
+    return {k: getattr(config, k) for k in FOLD_KEYS}
+
+
+def grid_records(path: Path, root) -> list[tuple[dict, dict]]:
+    """``(settings, record)`` of each cell of the pooling grid in ``path``
+    (`bench/pooling.py`) that ran every fold; none where there is no
+    file. A record's settings are its run's (``config``, the `LEGACY`
+    values where it predates one) and its configuration's overrides."""
+    import pooling
+
+    if not path or not Path(path).is_file():
+        return []
+    report = json.loads(Path(path).read_text())
+    config = report["config"]
+    fixed = {k: config.get(k, pooling.LEGACY.get(k))
+             for k in pooling.SETTINGS if k != "grid"}
+    return [(trained_settings(dict(fixed, dataset=r["dataset"],
+                                   model=r["model"], **r["overrides"]),
+                              root), r)
+            for r in report["records"]
+            if r["summary"]["folds_run"] == config["folds"]]
+
+
+def grid_cell(grid, dataset, model, variant, extra, fields, root):
+    """The cell of ``(dataset, model, variant)`` taken from the pooling
+    grid's record of the same settings, or None where it holds none: the
+    same ``hmgraph classify`` run, not made twice."""
+    wanted = trained_settings(
+        dict(fields, dataset=dataset, model=model, **VARIANTS[variant],
+             **extra), root)
+    record = next((r for settings, r in grid if settings == wanted), None)
+    if record is None:
+        return None
+    cell = _make_cell(dataset, model, variant, extra, record["protocol"],
+                      record["folds"], record["majority"],
+                      record["wall_seconds"])
+    return dict(cell, commit=record.get("commit"),
+                grid=f"{record['name']}")
 
 
 def format_markdown(report) -> str:
@@ -115,6 +186,7 @@ def format_markdown(report) -> str:
              *common.parts_by_commit(
                  report, cells,
                  lambda c: f"{c['dataset']} {c['model']} {c['variant']}"),
+             *_grid_lines(cells),
              "| dataset | model | majority | " + " | ".join(
                  f"{v}: test / valid / gap" for v in variants) + " |",
              "|---|---|---:|" + "---:|" * len(variants)]
@@ -148,6 +220,17 @@ def format_markdown(report) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _grid_lines(cells) -> list[str]:
+    """A paragraph naming the cells taken from the pooling grid."""
+    taken = [c for c in cells if "grid" in c]
+    if not taken:
+        return []
+    return ["Taken from the pooling grid (`bench/pooling.py`; the same "
+            "settings, so the same run): " + ", ".join(
+                f"{c['dataset']} {c['model']} {c['variant']} ({c['grid']})"
+                for c in taken) + ".", ""]
+
+
 def _write(report, out: Path) -> None:
     """The JSON and markdown (`common.write_results`), naming the commit
     of every cell that recorded one (``merged`` where they differ; the
@@ -175,6 +258,10 @@ def main(argv=None) -> int:
     parser.add_argument("--merge", default=None,
                         help="only add the cells of these JSON files "
                         "(comma-separated) to --out and rewrite its table")
+    parser.add_argument("--grid", default=str(GRID),
+                        help="the pooling grid's results (bench/pooling.py):"
+                        " a cell of the same settings is taken from there, "
+                        "not run again ('' runs every cell)")
     parser.add_argument("--note", default=None,
                         help="a paragraph for the table (kept otherwise)")
     args = parser.parse_args(argv)
@@ -201,27 +288,57 @@ def main(argv=None) -> int:
         _write(report, out)
         print(format_markdown(report), end="")
         return 0
-    done = {(c["dataset"], c["model"], c["variant"]) for c in report["cells"]}
-    jobs = [(d, m, v) for d in args.datasets.split(",")
-            for m in args.models.split(",") for v in variants
-            if (d, m, v + suffix) not in done]
+    done = {(c["dataset"], c["model"], c["variant"]): c
+            for c in report["cells"]}
+    grid = grid_records(args.grid, args.root)
+    jobs = []
+    for d, m, v in [(d, m, v) for d in args.datasets.split(",")
+                    for m in args.models.split(",") for v in variants
+                    if (d, m, v + suffix) not in done]:
+        cell = grid_cell(grid, d, m, v, extra, settings, args.root)
+        if cell is None:
+            jobs.append((d, m, v))
+            continue
+        report["cells"].append(cell)
+        done[d, m, v + suffix] = cell
+        _print_cell(cell)
+    _write(report, out)
     with ProcessPoolExecutor(args.workers,
                              mp_context=get_context("spawn")) as pool:
         futures = {pool.submit(_cell, d, m, v, args.root, settings, extra):
                    (d, m, v) for d, m, v in jobs}
         for future in as_completed(futures):
             for cell in future.result():
-                report["cells"].append(dict(cell, commit=common.commit()))
-                s = cell["summary"]
-                print(f"{cell['dataset']} {cell['model']} "
-                      f"{cell['variant']}: test {100 * s['test_mean']:.2f}"
-                      f" ± {100 * s['test_std']:.2f} valid "
-                      f"{100 * s['valid_mean']:.2f} gap "
-                      f"{cell['gap']:+.2f} ({cell['wall_seconds']:.0f} s)",
-                      flush=True)
+                key = (cell["dataset"], cell["model"], cell["variant"])
+                if key in done:  # inner-retrain's inner cell, made before
+                    _compare(done[key], cell)
+                    continue
+                done[key] = dict(cell, commit=common.commit())
+                report["cells"].append(done[key])
+                _print_cell(cell)
             _write(report, out)
     print(format_markdown(report), end="")
     return 0
+
+
+def _print_cell(cell) -> None:
+    s = cell["summary"]
+    source = f", the pooling grid's {cell['grid']}" if "grid" in cell else ""
+    print(f"{cell['dataset']} {cell['model']} {cell['variant']}: test "
+          f"{100 * s['test_mean']:.2f} ± {100 * s['test_std']:.2f} valid "
+          f"{100 * s['valid_mean']:.2f} gap {cell['gap']:+.2f} "
+          f"({cell['wall_seconds']:.0f} s{source})", flush=True)
+
+
+def _compare(kept, cell) -> None:
+    """Say whether an ``inner-retrain`` run's inner ensembles scored as
+    the kept cell of the same inner models did, fold by fold."""
+    same = [f["test"] for f in kept["folds"]] == \
+        [f["test"] for f in cell["folds"]]
+    print(f"{cell['dataset']} {cell['model']} {cell['variant']}: made "
+          f"again by inner-retrain; its test scores "
+          f"{'equal' if same else 'DIFFER from'} the kept cell's",
+          flush=True)
 
 
 if __name__ == "__main__":

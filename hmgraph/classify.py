@@ -119,6 +119,7 @@ __all__ = [
     "inner_splits",
     "load_graph_dataset",
     "make_folds",
+    "resolve_defaults",
     "run",
     "run_grid",
     "summarize",
@@ -157,6 +158,23 @@ def load_graph_dataset(name: str, root: str | os.PathLike):
 
 
 
+def resolve_defaults(config: ClassifyConfig, dataset) -> ClassifyConfig:
+    """``config`` with the defaults that depend on the data and the model
+    filled in, as `run` trains: ``smooth`` (1 with an official split,
+    `SMOOTH_CV` under cross-validation) and ``dropout`` (the model's).
+    Two configurations train alike when these and `FOLD_KEYS` agree."""
+    # Lazy: the pooling models load DGL, which the CLI's parser does not.
+    from hmgraph.models.pooling import default_dropout
+
+    if config.smooth is None:
+        config = dataclasses.replace(
+            config, smooth=1 if dataset.split is not None else SMOOTH_CV)
+    if config.dropout is None:
+        config = dataclasses.replace(config,
+                                     dropout=default_dropout(config.model))
+    return config
+
+
 def run(config: ClassifyConfig, dataset=None) -> dict:
     """Cross-validate ``config.model``; write ``result.json`` and ``.md``.
 
@@ -177,19 +195,11 @@ def run(config: ClassifyConfig, dataset=None) -> dict:
         (``test_mean``, ``test_std``, ``valid_mean``, ``folds_run``) and
         ``path``.
     """
-    # Lazy: the pooling models load DGL, which the CLI's parser does not.
-    from hmgraph.models.pooling import default_dropout
-
     _check_config(config)
     device = torch.device(config.device)
     if dataset is None:
         dataset = load_graph_dataset(config.dataset, config.root)
-    if config.smooth is None:
-        config = dataclasses.replace(
-            config, smooth=1 if dataset.split is not None else SMOOTH_CV)
-    if config.dropout is None:
-        config = dataclasses.replace(config,
-                                     dropout=default_dropout(config.model))
+    config = resolve_defaults(config, dataset)
     check_model_memory(config, dataset)
     # (1) Splits: stratified folds, or the official split repeated.
     splits, protocol = outer_splits(config, dataset)

@@ -3,6 +3,8 @@ write from their cells (RMSE lower-better, ROC-AUC higher-better)."""
 
 from __future__ import annotations
 
+import json
+
 from benchscripts import load_bench
 
 ogbg = load_bench("ogbg")
@@ -106,3 +108,68 @@ def test_the_table_names_the_commit_of_every_cell(tmp_path):
     assert f"Written by commits `{'a' * 40}`, `{'b' * 40}`" in text
     assert f"Cells of ogbg-molesol hap by commit `{'a' * 40}`." in text
     assert f"Cells of ogbg-molesol gin by commit `{'b' * 40}`." in text
+
+
+def _grid_report(records, **config):
+    """A pooling grid's results (`bench/pooling.py`) holding ``records``."""
+    return {"config": {"folds": 10, "epochs": 100, "patience": 20,
+                       "hidden": 64, "lr": 0.001, "seed": 0,
+                       "grid": "batch_size=32,128;dropout=0,0.5",
+                       "selection": "inner", "smooth": 5, **config},
+            "records": records}
+
+
+def _grid_record(model, batch_size, dropout, folds=10, test=0.8):
+    return {"dataset": "MUTAG", "model": model,
+            "name": f"batch_size={batch_size} dropout={dropout:g}",
+            "overrides": {"batch_size": batch_size, "dropout": dropout},
+            "majority": 0.665, "protocol": "inner", "wall_seconds": 7.0,
+            "commit": {"sha": "d" * 40, "dirty": False},
+            "summary": {"folds_run": folds},
+            "folds": [{"fold": k, "best_epoch": 3, "epochs_run": 23,
+                       "valid": 0.85, "test": test, "seconds": 0.7}
+                      for k in range(folds)]}
+
+
+def test_a_protocol_cell_of_the_grids_settings_is_taken_from_it(
+        shared_data, tmp_path, capsys):
+    """HAP's defaults (dropout 0 once resolved, batch 128) are a cell of
+    the grid: taken with its folds and commit, not run again; GIN's
+    default dropout (0.5) is not the grid's cell at 0, nor a cell of
+    fewer folds or of another learning rate."""
+    grid = tmp_path / "pooling-inner.json"
+    records = [_grid_record("hap", 128, 0.0),
+               _grid_record("hap", 32, 0.5, folds=2),
+               _grid_record("gin", 128, 0.0)]
+    grid.write_text(json.dumps(_grid_report(records)))
+    found = protocol.grid_records(grid, shared_data)
+    fields = {"epochs": 100, "patience": 20}
+    taken = protocol.grid_cell(found, "MUTAG", "hap", "inner-s5", {},
+                               fields, shared_data)
+    assert taken["grid"] == "batch_size=128 dropout=0"
+    assert taken["commit"] == records[0]["commit"]
+    assert [f["test"] for f in taken["folds"]] == [0.8] * 10
+    assert abs(taken["gap"] - 5.0) < 1e-9
+    assert protocol.grid_cell(found, "MUTAG", "gin", "inner-s5", {},
+                              fields, shared_data) is None
+    assert protocol.grid_cell(found, "MUTAG", "hap", "inner-s5",
+                              {"batch_size": 32, "dropout": 0.5}, fields,
+                              shared_data) is None  # 2 folds of 10
+    assert protocol.grid_cell(found, "MUTAG", "hap", "holdout-s5", {},
+                              fields, shared_data) is None
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(_grid_report(records, lr=0.01)))
+    assert protocol.grid_cell(protocol.grid_records(other, shared_data),
+                              "MUTAG", "hap", "inner-s5", {}, fields,
+                              shared_data) is None
+    # The command takes it and runs nothing.
+    out = tmp_path / "protocol.json"
+    assert protocol.main(["--datasets", "MUTAG", "--models", "hap",
+                          "--variants", "inner-s5", "--root",
+                          str(shared_data), "--grid", str(grid), "--out",
+                          str(out)]) == 0
+    assert "the pooling grid's batch_size=128 dropout=0" in \
+        capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert [c["wall_seconds"] for c in report["cells"]] == [7.0]
+    assert "Taken from the pooling grid" in out.with_suffix(".md").read_text()

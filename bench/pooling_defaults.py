@@ -25,16 +25,21 @@ OLD_TABLE = Path(__file__).resolve().parent / "results" / "pooling.json"
 WIN, TIE, LOSS = "best", "within one std", "below"
 
 
-def cli_defaults(records) -> dict:
-    """``{(dataset, model): record}`` of the grid cells that ran the
-    configuration ``hmgraph classify`` runs by default."""
+def is_cli_default(model: str, overrides: dict) -> bool:
+    """Whether the grid configuration ``overrides`` of ``model`` is the
+    one ``hmgraph classify --model MODEL`` runs by default."""
     from hmgraph.models.pooling import default_dropout
     from hmgraph.settings import ClassifyConfig
 
-    batch = ClassifyConfig.batch_size
+    return (overrides.get("batch_size") == ClassifyConfig.batch_size
+            and overrides.get("dropout") == default_dropout(model))
+
+
+def cli_defaults(records) -> dict:
+    """``{(dataset, model): record}`` of the grid cells that ran the
+    configuration ``hmgraph classify`` runs by default."""
     return {(r["dataset"], r["model"]): r for r in records
-            if (o := r.get("overrides", {})).get("batch_size") == batch
-            and o.get("dropout") == default_dropout(r["model"])}
+            if is_cli_default(r["model"], r.get("overrides", {}))}
 
 
 def old_selected(path: Path = OLD_TABLE) -> dict:
@@ -48,9 +53,11 @@ def old_selected(path: Path = OLD_TABLE) -> dict:
             for s in report.get("selected", [])}
 
 
-def targets(records, selected, datasets, old) -> dict:
+def targets(records, selected, datasets, old, complete=None) -> dict:
     """The three targets' findings per set (sets where HAP's cell at
-    its defaults ran, with at least one other model's)."""
+    its defaults ran, with at least one other model's); target 4 on the
+    sets of ``complete`` only (every configuration ran, so HAP's pick is
+    the grid's; all of ``datasets`` where None)."""
     defaults = cli_defaults(records)
     found = {}
     for dataset in datasets:
@@ -61,7 +68,8 @@ def targets(records, selected, datasets, old) -> dict:
         best = max(means, key=lambda m: (means[m], m != "hap"))
         gap = means[best] - means["hap"]
         std = runs[best]["summary"]["test_std"]
-        hap_now = selected.get((dataset, "hap"))
+        hap_now = selected.get((dataset, "hap")) \
+            if complete is None or dataset in complete else None
         hap_then = old.get((dataset, "hap"))
         found[dataset] = {
             "models": sorted(runs), "hap": means["hap"], "best": best,

@@ -54,6 +54,8 @@ SETTINGS = ("folds", "epochs", "patience", "hidden", "lr", "seed", "grid",
 #: What runs made before a setting existed used (hmgraph classify's
 #: carved hold-out and its raw validation curve).
 LEGACY = {"selection": "holdout", "smooth": 1}
+#: Torch threads of each cell (recorded in it as ``threads``).
+THREADS = 1
 
 
 def _job(dataset, model, settings, root, threads):
@@ -485,7 +487,10 @@ def main(argv=None) -> int:
     # whole sets), the most expensive cells of a set first.
     jobs.sort(key=lambda job: (datasets.index(job[0]),
                                -128 / job[2][1].get("batch_size", 128)))
-    threads = 1 if args.workers > 1 else max(1, os.cpu_count() or 1)
+    # One thread a cell, whatever --workers: a cell's folds repeat only
+    # at the same thread count (another sums in another order and picks
+    # other epochs), so every cell of a table is made alike.
+    threads = THREADS
     for path in prune_kept_folds(kept_folder(out)):
         print(f"kept fold made by other code, run again: {path}")
     start = time.perf_counter()
@@ -517,7 +522,7 @@ def main(argv=None) -> int:
             report["records"].append({
                 "dataset": dataset, "model": model, "name": name,
                 "grid_index": index, "overrides": grid[index],
-                "majority": result["majority"],
+                "majority": result["majority"], "threads": threads,
                 "summary": result["summary"], "protocol": result["protocol"],
                 "folds": result["folds"], "commit": common.commit(),
                 "resumed_folds": sum(bool(f.get("resumed"))

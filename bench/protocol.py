@@ -58,6 +58,7 @@ VARIANTS = {
     "inner-retrain-s5": {"selection": "inner-retrain", "smooth": 5},
 }
 GAP_MAX = 5.0  # points of accuracy
+THREADS = 1  # torch threads of each cell (recorded in it)
 #: The pooling grid (`bench/pooling.py`), whose complete cells this table
 #: takes where the settings are the same.
 GRID = RESULTS / "pooling-inner.json"
@@ -70,7 +71,7 @@ def _cell(dataset, model, variant, root, settings, extra):
 
     from hmgraph.classify import ClassifyConfig, load_graph_dataset, run
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(THREADS)
     data = load_graph_dataset(dataset, root)
     with tempfile.TemporaryDirectory(prefix="hmgraph-protocol-") as out:
         config = ClassifyConfig(dataset=dataset, root=str(root), model=model,
@@ -108,7 +109,7 @@ def _make_cell(dataset, model, variant, extra, protocol, folds, majority,
             "overrides": {**VARIANTS[variant], **extra},
             "protocol": protocol, "summary": summary,
             "gap": 100 * (summary["valid_mean"] - summary["test_mean"]),
-            "majority": majority,
+            "majority": majority, "threads": THREADS,
             "folds": [{k: f[k] for k in ("fold", "best_epoch", "epochs_run",
                                          "valid", "test", "seconds")}
                       for f in folds],
@@ -150,7 +151,10 @@ def grid_records(path: Path, root) -> list[tuple[dict, dict]]:
                                    model=r["model"], **r["overrides"]),
                               root), r)
             for r in report["records"]
-            if r["summary"]["folds_run"] == config["folds"]]
+            if r["summary"]["folds_run"] == config["folds"]
+            # Cells repeat only at the thread count they ran at; those
+            # without a count ran at one, as the pooling bench's do.
+            and r.get("threads", pooling.THREADS) == THREADS]
 
 
 def grid_cell(grid, dataset, model, variant, extra, fields, root):

@@ -322,3 +322,31 @@ def test_a_defaults_run_trains_each_models_default_cell_and_is_judged(
     text = out.with_suffix(".md").read_text()
     assert "| I36-2 | MUTAG: worst valid - test" in text
     assert "| I36-4 |" not in text
+
+
+def test_every_cell_runs_on_one_thread_and_says_so(shared_data, tmp_path):
+    """One worker or two, a cell trains on one torch thread (its folds
+    repeat only at the thread count they ran at) and records it; the
+    protocol table takes only cells of its own thread count."""
+    import torch
+
+    protocol = load_bench("protocol")
+    threads = torch.get_num_threads()
+    out = tmp_path / "pooling.json"
+    assert bench.main([
+        "--datasets", "MUTAG", "--models", "gin", "--grid",
+        "batch_size=128;dropout=0.5", "--root", str(shared_data),
+        "--max-folds", "10", "--folds", "10", "--epochs", "1",
+        "--hidden", "8", "--workers", "1", "--out", str(out)]) == 0
+    torch.set_num_threads(threads)
+    report = json.loads(out.read_text())
+    assert [r["threads"] for r in report["records"]] == [1]
+    fields = {"epochs": 1, "hidden": 8}
+    assert protocol.grid_cell(protocol.grid_records(out, shared_data),
+                              "MUTAG", "gin", "inner-s5", {}, fields,
+                              shared_data) is not None
+    report["records"][0]["threads"] = 2
+    out.write_text(json.dumps(report))
+    assert protocol.grid_cell(protocol.grid_records(out, shared_data),
+                              "MUTAG", "gin", "inner-s5", {}, fields,
+                              shared_data) is None

@@ -209,10 +209,10 @@ class HAP(GraphClassifier):
 
     default_ratio = 0.25
     #: No dropout in the classifier head (issue 36): at batch 128, inner
-    #: selection, 10 folds, dropout 0 has the higher picked validation
-    #: accuracy on three of PTC_MR, MUTAG, ENZYMES and IMDB-BINARY
-    #: (bench/results/pooling-inner.md), and test accuracies within a
-    #: fold-std of dropout 0.5's on all four.
+    #: selection, 10 folds, on PTC_MR, MUTAG, ENZYMES and IMDB-BINARY
+    #: (bench/results/pooling-inner.md) dropout 0's mean picked
+    #: validation accuracy is 69.08 % against 0.5's 68.29, and their
+    #: test accuracies are within a fold-std of each other on all four.
     default_dropout = 0.0
 
     def __init__(self, in_feats, hidden_feats, num_classes, num_levels=3,

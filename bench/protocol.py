@@ -178,7 +178,11 @@ def format_markdown(report) -> str:
     """Per dataset and model, each variant's test mean ± std, mean best
     validation and the gap; the verdict per variant."""
     cells = report["cells"]
-    variants = list(dict.fromkeys(c["variant"] for c in cells))
+    # The selections in `VARIANTS`' order, each with its added settings
+    # after it.
+    variants = sorted(dict.fromkeys(c["variant"] for c in cells),
+                      key=lambda v: (list(VARIANTS).index(v.split()[0]),
+                                     len(v.split()), v))
     lines = ["# Epoch selection on small TU sets: does validation track "
              "test?", "",
              f"Settings: {json.dumps(report['settings'])}; 10-fold "

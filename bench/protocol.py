@@ -171,7 +171,7 @@ def grid_cell(grid, dataset, model, variant, extra, fields, root):
                       record["folds"], record["majority"],
                       record["wall_seconds"])
     return dict(cell, commit=record.get("commit"),
-                grid=f"{record['name']}")
+                grid=record["name"])
 
 
 def format_markdown(report) -> str:

@@ -162,7 +162,8 @@ def resolve_defaults(config: ClassifyConfig, dataset) -> ClassifyConfig:
     """``config`` with the defaults that depend on the data and the model
     filled in, as `run` trains: ``smooth`` (1 with an official split,
     `SMOOTH_CV` under cross-validation) and ``dropout`` (the model's).
-    Two configurations train alike when these and `FOLD_KEYS` agree."""
+    Two configurations train alike when these and `FOLD_KEYS` agree
+    and torch has as many threads."""
     # Lazy: the pooling models load DGL, which the CLI's parser does not.
     from hmgraph.models.pooling import default_dropout
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import common
 import pooling_defaults
+import pooling_reference
 import published
 from pooling_defaults import LOSS, TIE, WIN
 
@@ -87,6 +88,14 @@ def _max_folds(text, folds):
         name, _, value = part.rpartition("=")
         limits[name or "*"] = int(value)
     return lambda dataset: limits.get(dataset, limits.get("*", folds))
+
+
+def _repo_path(path: str) -> str:
+    """``path`` relative to the repository where it lies inside it (so
+    a results file names it the same on every checkout)."""
+    full = Path(path).resolve()
+    return str(full.relative_to(REPO)) if full.is_relative_to(REPO) \
+        else str(full)
 
 
 def kept_folder(out: Path) -> Path:
@@ -351,6 +360,8 @@ def markdown(report) -> str:
                       EPOCH_RATIO_MAX) for b, v in sizes.items())])]
     lines += pooling_defaults.markdown(report.get("issue36") or {},
                                       records, common)
+    lines += pooling_reference.markdown(report.get("against") or [],
+                                        config.get("reference"), common)
     if report.get("note"):
         lines += ["", report["note"]]
     return "\n".join(lines) + "\n"
@@ -376,6 +387,12 @@ def write(report, out):
         report["records"], selected, report["config"]["datasets"], old, [
             d for d in report["config"]["datasets"] if d not in partial]) \
         if report["config"].get("selection") != "holdout" else {}
+    reference = report["config"].get("reference")
+    report["against"] = pooling_reference.compare(
+        report["records"], pooling_reference.load(
+            REPO / reference, report["config"], LEGACY),
+        report["config"]["datasets"], report["config"]["models"]) \
+        if reference else []
     common.write_results(report, markdown(report), out)
 
 
@@ -398,6 +415,7 @@ def earlier(out: Path, config: dict) -> list[dict]:
         raise SystemExit(f"{out} holds a run of another protocol "
                          f"({problems[0]}); give another --out")
     config["folds_run"] = {**old["folds_run"], **folds}
+    config["reference"] = config.get("reference") or old.get("reference")
     for key in ("datasets", "models"):
         config[key] = old[key] + [v for v in config[key] if v not in old[key]]
     for record in report["records"]:
@@ -430,6 +448,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "of the grid that hmgraph classify runs by default "
                         "(issue 36's targets 1 and 2); a later run adds "
                         "the rest")
+    parser.add_argument("--reference", default=None,
+                        help="an earlier run's JSON of the same protocol: "
+                        "each cell both hold is set beside it (kept in "
+                        "--out for later renders)")
     parser.add_argument("--render", action="store_true",
                         help="only rewrite the markdown from --out's JSON")
     parser.add_argument("--time-epochs", action="store_true",
@@ -456,6 +478,8 @@ def main(argv=None) -> int:
     if args.render or args.time_epochs:
         report = json.loads(Path(args.out).read_text())
         report["note"] = args.note or report.get("note", "")
+        if args.reference:
+            report["config"]["reference"] = _repo_path(args.reference)
         if args.time_epochs:
             report["epoch_timing"] = time_epochs(
                 args.root, parse_grid(report["config"]["grid"]),
@@ -472,6 +496,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     config = {k: getattr(args, k) for k in (*SETTINGS, "workers", "root")}
+    config["reference"] = args.reference and _repo_path(args.reference)
     config.update(datasets=datasets, models=models, folds_run={
         d: min(folds_run(d), args.folds) for d in datasets})
     report = {"config": config, "records": earlier(out, config),

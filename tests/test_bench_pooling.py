@@ -112,6 +112,11 @@ def test_a_run_keeps_the_cells_of_an_earlier_one(tmp_path):
     assert config["models"] == ["gin", "hap", "topk"]
     assert config["datasets"] == ["D", "E"]
     assert config["folds_run"] == {"E": 2, "D": 1}
+    assert config["reference"] is None
+    out = write_run(tmp_path / "out.json", ["gin"], reference="then.json")
+    config = this_run(["gin"])
+    bench.earlier(out, config)
+    assert config["reference"] == "then.json"  # kept for later renders
 
 
 def test_a_run_of_another_protocol_is_refused(tmp_path):
@@ -158,6 +163,50 @@ def test_markdown_names_the_grid_and_the_majority_class():
     assert "| hap | **70.00 ± 0.00** |" in text
     assert "| majority class | 50.00 |" in text
     assert "HAP best (70.00" in text
+
+
+def test_an_earlier_run_of_the_same_protocol_is_set_beside_each_cell(
+        tmp_path, monkeypatch):
+    """`--reference`: cells both runs hold, equal to 0.01 points, within
+    the earlier cell's std, or apart; another protocol is refused."""
+    then = [record("D", "hap", [(0.5, 0.3, 0.70), (0.5, 0.3, 0.80)]),
+            record("D", "gin", [(0.5, 0.3, 0.60), (0.5, 0.3, 0.60)]),
+            record("D", "topk", [(0.5, 0.3, 0.50), (0.5, 0.3, 0.70)])]
+    reference = write_run(tmp_path / "then.json", ["hap"])
+    data = json.loads(reference.read_text())
+    data["records"] = then
+    reference.write_text(json.dumps(data))
+    now = [record("D", "gin", [(0.5, 0.3, 0.70), (0.5, 0.3, 0.70)]),
+           record("D", "hap", [(0.5, 0.3, 0.75), (0.5, 0.3, 0.75)]),
+           record("D", "topk", [(0.5, 0.3, 0.60), (0.5, 0.3, 0.60)], 1),
+           record("D", "sagpool", [(0.5, 0.3, 0.60)] * 2)]
+    monkeypatch.setattr(bench, "REPO", tmp_path)
+    report = {"config": this_run(["hap", "gin", "topk", "sagpool"],
+                                 workers=1, reference="then.json"),
+              "records": now}
+    bench.write(report, tmp_path / "now.json")
+    got = [(r["model"], round(r["points"], 2), r["verdict"])
+           for r in report["against"]]
+    # hap: +0 (equal); gin: +10 > its std 0 (apart); topk c1 and sagpool
+    # are not in the earlier run.
+    assert got == [("hap", 0.0, "equal"), ("gin", 10.0, "apart")]
+    text = (tmp_path / "now.md").read_text()
+    assert "2 cells in both: 1 equal to 0.01 points, 1 within one std " \
+        "of the earlier cell, 1 apart." in text
+    assert "| D | gin | c0 | 70.00 ± 0.00 | 60.00 ± 0.00 | +10.00 | " \
+        "apart |" in text
+    now[0] = record("D", "gin", [(0.5, 0.3, 0.62), (0.5, 0.3, 0.62)])
+    bench.write(report, tmp_path / "now.json")
+    assert report["against"][1]["verdict"] == "apart"  # std 0: any move
+    then[1] = record("D", "gin", [(0.5, 0.3, 0.55), (0.5, 0.3, 0.65)])
+    data["records"] = then
+    reference.write_text(json.dumps(data))
+    bench.write(report, tmp_path / "now.json")
+    assert report["against"][1]["verdict"] == "within one std"
+    report["config"]["selection"] = "inner"
+    with pytest.raises(SystemExit, match="then.json ran selection="
+                       "'holdout' where this run has 'inner'"):
+        bench.write(report, tmp_path / "now.json")
 
 
 def test_a_set_with_cells_missing_is_not_judged():

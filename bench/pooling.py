@@ -499,6 +499,8 @@ def main(argv=None) -> int:
     config["reference"] = args.reference and _repo_path(args.reference)
     config.update(datasets=datasets, models=models, folds_run={
         d: min(folds_run(d), args.folds) for d in datasets})
+    if config["reference"]:  # a bad --reference fails now, not hours on
+        pooling_reference.load(REPO / config["reference"], config, LEGACY)
     report = {"config": config, "records": earlier(out, config),
               "note": args.note, "environment": common.environment(),
               "epoch_timing": json.loads(out.read_text()).get(

@@ -207,6 +207,10 @@ def test_an_earlier_run_of_the_same_protocol_is_set_beside_each_cell(
     with pytest.raises(SystemExit, match="then.json ran selection="
                        "'holdout' where this run has 'inner'"):
         bench.write(report, tmp_path / "now.json")
+    with pytest.raises(SystemExit, match="none.json: not a pooling run"):
+        bench.main(["--reference", str(tmp_path / "none.json"), "--out",
+                    str(tmp_path / "new.json"), "--datasets", "MUTAG"])
+    assert not (tmp_path / "new.json").exists()  # refused before a cell
 
 
 def test_a_set_with_cells_missing_is_not_judged():

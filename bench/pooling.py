@@ -281,13 +281,15 @@ def markdown(report) -> str:
                       f"{d} ({n} of {cells} cells; its picks are over the "
                       f"cells run)" for d, (n, cells) in partial.items())
                   + ".", ""]
-    best = {d: v["best"] for d, v in t["per_dataset"].items()}
-    rows = [[m, *(_cell(s["summary"], config["folds"], best.get(d) == m)
+    # Every set shown gets its best and its majority class, judged or not.
+    shown = targets(records, datasets, selected)["per_dataset"]
+    rows = [[m, *(_cell(s["summary"], config["folds"],
+                        shown.get(d, {}).get("best") == m)
                   if (s := selected.get((d, m))) else None
                   for d in datasets)] for m in models]
     rows.append(["majority class", *(
-        f"{100 * t['per_dataset'][d]['majority']:.2f}"
-        if d in t["per_dataset"] else None for d in datasets)])
+        f"{100 * shown[d]['majority']:.2f}" if d in shown else None
+        for d in datasets)])
     lines.append(common.markdown_table(["model", *datasets], rows))
     lines += ["", "Configurations picked (folds won), and every "
               "configuration's own mean (one fixed setting, no selection):",

@@ -351,6 +351,10 @@ def test_sets_beyond_the_nine_join_issue_36_not_the_nine_set_targets(
     text = (tmp_path / "r.md").read_text()
     assert "| I36-1 | PTC_MR: HAP - the majority class (50.00), points " \
         "| 30.0 | >= 0 | **PASS** |" in text
+    # Both sets' best and majority class stand in the table.
+    cell = "**80.00 ± 0.00 (2 folds)**"
+    assert f"| hap | {cell} | {cell} |" in text
+    assert "| majority class | 50.00 | 50.00 |" in text
 
 
 def test_a_defaults_run_trains_each_models_default_cell_and_is_judged(

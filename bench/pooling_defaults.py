@@ -56,8 +56,8 @@ def old_selected(path: Path = OLD_TABLE) -> dict:
 def targets(records, selected, datasets, old, complete=None) -> dict:
     """The three targets' findings per set (sets where HAP's cell at
     its defaults ran, with at least one other model's); target 4 on the
-    sets of ``complete`` only (every configuration ran, so HAP's pick is
-    the grid's; all of ``datasets`` where None)."""
+    sets of ``complete`` only (every configuration of HAP's ran, so its
+    pick is the grid's; all of ``datasets`` where None)."""
     defaults = cli_defaults(records)
     found = {}
     for dataset in datasets:

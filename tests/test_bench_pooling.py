@@ -160,7 +160,8 @@ def test_markdown_names_the_grid_and_the_majority_class():
                           for (d, m), v in selected.items()]
     text = bench.markdown(report)
     assert f"search `{bench.GRID}`" in text
-    assert "| hap | **70.00 ± 0.00** |" in text
+    # One cell of the grid's four: the figure says so.
+    assert "| hap | **70.00 ± 0.00** (1 of 4) |" in text
     assert "| majority class | 50.00 |" in text
     assert "HAP best (70.00" in text
 
@@ -355,6 +356,37 @@ def test_sets_beyond_the_nine_join_issue_36_not_the_nine_set_targets(
     cell = "**80.00 ± 0.00 (2 folds)**"
     assert f"| hap | {cell} | {cell} |" in text
     assert "| majority class | 50.00 | 50.00 |" in text
+
+
+def test_target_4_judges_a_set_once_haps_grid_is_complete(tmp_path):
+    """HAP's pick needs HAP's configurations only: with every one of
+    them run and GIN's default alone, target 4 judges the set, the
+    nine-set targets do not, and GIN's figure says it was picked among
+    1 of 2 configurations."""
+    def run(model, batch, dropout, test, index):
+        r = record("MUTAG", model, [(0.8, 0.3, test)] * 2, index)
+        return dict(r, name=f"batch_size={batch} dropout={dropout}",
+                    overrides={"batch_size": batch, "dropout": dropout})
+
+    records = [run("hap", 128, 0.0, 0.88, 0), run("hap", 128, 0.5, 0.86, 1),
+               run("gin", 128, 0.5, 0.84, 1)]
+    report = {"config": this_run(
+        ["hap", "gin"], datasets=["MUTAG"], workers=1, selection="inner",
+        grid="batch_size=128;dropout=0,0.5", folds_run={"MUTAG": 2}),
+        "records": records}
+    bench.write(report, tmp_path / "r.json")
+    assert bench.partial_sets(report) == {"MUTAG": (3, 4)}
+    assert bench.configurations_run(report) == (
+        {("MUTAG", "hap"): 2, ("MUTAG", "gin"): 1}, 2)
+    assert report["targets"]["per_dataset"] == {}
+    then = report["issue36"]["MUTAG"]["then"]
+    assert then["now"] == pytest.approx(0.88)  # c0: first of a tie
+    text = (tmp_path / "r.md").read_text()
+    assert "| I36-4 | MUTAG: HAP selected" in text
+    assert "MUTAG (3 of 4 cells)" in text
+    assert "| gin | 84.00 ± 0.00 (2 folds) (1 of 2) |" \
+        in text
+    assert "| hap | **88.00 ± 0.00 (2 folds)** |" in text
 
 
 def test_a_defaults_run_trains_each_models_default_cell_and_is_judged(

@@ -376,7 +376,8 @@ def markdown(report) -> str:
                       f"{EPOCH_SET}, batch {b}", v.get("ratio"), "<=",
                       EPOCH_RATIO_MAX) for b, v in sizes.items())])]
     lines += pooling_defaults.markdown(report.get("issue36") or {},
-                                      records, common)
+                                      records, common,
+                                      report.get("against_old") or [])
     lines += pooling_reference.markdown(report.get("against") or [],
                                         config.get("reference"), common)
     if report.get("note"):
@@ -406,6 +407,9 @@ def write(report, out):
             d for d in report["config"]["datasets"]
             if counts.get((d, "hap")) == size]) \
         if report["config"].get("selection") != "holdout" else {}
+    report["against_old"] = pooling_defaults.against_old(
+        selected, {k for k, n in counts.items() if n == size}, old) \
+        if report["issue36"] else []
     reference = report["config"].get("reference")
     report["against"] = pooling_reference.compare(
         report["records"], pooling_reference.load(

@@ -116,9 +116,48 @@ def target_rows(found, common) -> list:
     return rows
 
 
-def markdown(found, records, common) -> list[str]:
+def against_old(selected, complete, old) -> list[dict]:
+    """Every model's pick beside the old table's, on the sets where all
+    of the model's configurations ran (``complete``: ``(dataset,
+    model)`` pairs): the regenerated table's cells, target 4 for every
+    model rather than HAP's alone. ``below``: more than the old cell's
+    std below it."""
+    rows = []
+    for (d, m), pick in selected.items():
+        if (d, m) not in complete or (d, m) not in old:
+            continue
+        now, then = pick["summary"]["test_mean"], old[d, m]
+        rows.append({"dataset": d, "model": m, "now": now,
+                     "then": then["test_mean"], "then_std": then["test_std"],
+                     "below": now < then["test_mean"] - then["test_std"]})
+    return rows
+
+
+def against_old_markdown(rows, common) -> list[str]:
+    """`against_old`'s rows as a model x set table and a count line."""
+    if not rows:
+        return []
+    sets = list(dict.fromkeys(r["dataset"] for r in rows))
+    models = sorted({r["model"] for r in rows},
+                    key=lambda m: (m != "hap", m))
+    cells = {(r["dataset"], r["model"]): r for r in rows}
+    table = [[m, *(
+        f"{100 * r['now']:.2f} ({100 * r['then']:.2f} ± "
+        f"{100 * r['then_std']:.2f})" + (" **below**" if r["below"] else "")
+        if (r := cells.get((d, m))) else None for d in sets)]
+        for m in models]
+    below = sum(r["below"] for r in rows)
+    return ["", "Every model's pick now (the old table's, ± its std), on "
+            "the sets where all of the model's configurations ran: "
+            f"{len(rows) - below} of {len(rows)} at or above the old "
+            f"figure less its std, {below} below.", "",
+            common.markdown_table(["model", *sets], table)]
+
+
+def markdown(found, records, common, old_rows=()) -> list[str]:
     """The section: each model at its defaults per set (test % and valid
-    - test in points), then the targets."""
+    - test in points), then the targets and ``old_rows``
+    (`against_old`)."""
     if not found:
         return []
     defaults = cli_defaults(records)
@@ -137,4 +176,5 @@ def markdown(found, records, common) -> list[str]:
             "points. Target 4 sets HAP's selected figure above beside the "
             "old protocol's table (`results/pooling.json`).", "",
             common.markdown_table(["model", *found], rows), "",
-            common.targets_table(target_rows(found, common))]
+            common.targets_table(target_rows(found, common)),
+            *against_old_markdown(old_rows, common)]

@@ -387,6 +387,15 @@ def test_target_4_judges_a_set_once_haps_grid_is_complete(tmp_path):
     assert "| gin | 84.00 ± 0.00 (2 folds) (1 of 2) |" \
         in text
     assert "| hap | **88.00 ± 0.00 (2 folds)** |" in text
+    # Every model with all its configurations run beside the old table:
+    # HAP alone here (MUTAG's old HAP figure is 87.84 ± 8.24).
+    assert [(r["model"], r["below"]) for r in report["against_old"]] == \
+        [("hap", False)]
+    assert "1 of 1 at or above the old figure less its std, 0 below" in text
+    (row,) = defaults.against_old(
+        {("D", "gin"): {"summary": {"test_mean": 0.59}}}, {("D", "gin")},
+        {("D", "gin"): {"test_mean": 0.70, "test_std": 0.10}})
+    assert row["below"]  # 0.59 < 0.70 - 0.10
 
 
 def test_a_defaults_run_trains_each_models_default_cell_and_is_judged(

@@ -250,11 +250,9 @@ def _cell(summary, folds, bold=False) -> str:
     return f"**{text}**" if bold else text
 
 
-def markdown(report) -> str:
-    config, records = report["config"], report["records"]
-    datasets, models = config["datasets"], config["models"]
-    selected = {(s["dataset"], s["model"]): s for s in report["selected"]}
-    t = report["targets"]
+def _protocol_lines(report) -> list[str]:
+    """The title, the protocol in a paragraph and the commits."""
+    config = report["config"]
     selection = config.get("selection", LEGACY["selection"])
     smooth = config.get("smooth", LEGACY["smooth"])
     validation = (
@@ -268,7 +266,7 @@ def markdown(report) -> str:
     if smooth > 1:
         validation += (f" (curve smoothed: trailing mean of {smooth} "
                        f"epochs)")
-    lines = [
+    return [
         "# Graph classification: HAP vs pooling baselines",
         "",
         f"Protocol (every cell): stratified {config['folds']}-fold CV, "
@@ -279,11 +277,20 @@ def markdown(report) -> str:
         f"patience {config['patience']}, at most {config['epochs']} epochs). "
         f"Adam lr {config['lr']}, hidden {config['hidden']}, 3 levels, seed "
         f"{config['seed']}. Test accuracy %, mean ± std over the folds; "
-        "**bold**: best of the row's dataset.", ""]
-    lines += common.parts_by_commit(report, records,
-                                    lambda r: r["dataset"])
+        "**bold**: best of the row's dataset.", "",
+        *common.parts_by_commit(report, report["records"],
+                                lambda r: r["dataset"])]
+
+
+def _table_lines(report) -> list[str]:
+    """The selected figures, every configuration's own, the seconds and
+    the published figures."""
+    config, records = report["config"], report["records"]
+    datasets, models = config["datasets"], config["models"]
+    selected = {(s["dataset"], s["model"]): s for s in report["selected"]}
     partial = partial_sets(report)
     counts, size = configurations_run(report)
+    lines = []
     if partial:
         lines += ["Not complete, so not judged by the targets of the "
                   "nine sets (issue 36's targets 1 and 2 read the default "
@@ -332,17 +339,23 @@ def markdown(report) -> str:
                  for source, (_, table) in PUBLISHED.items()
                  for model, values in table.items()
                  if any(d in values for d in datasets)]
-    lines += ["", "Wall seconds per model and dataset, all configurations "
-              f"(`--workers {config['workers']}`), and seconds per epoch "
-              "(training and validation, over every fold; they depend on "
-              "what ran beside each cell):", "",
-              common.markdown_table(["model", *datasets], cost), "",
-              "## Published figures (their protocols, not ours)", "",
-              common.markdown_table(["source", "model", *datasets],
-                                    figures), ""]
-    lines += published.notes(PUBLISHED)
-    lines += ["", f"## Target: HAP best or within one std of the best on "
-              f">= {WINS_NEEDED} of {len(DATASETS)}", ""]
+    return lines + [
+        "", "Wall seconds per model and dataset, all configurations "
+        f"(`--workers {config['workers']}`), and seconds per epoch "
+        "(training and validation, over every fold; they depend on "
+        "what ran beside each cell):", "",
+        common.markdown_table(["model", *datasets], cost), "",
+        "## Published figures (their protocols, not ours)", "",
+        common.markdown_table(["source", "model", *datasets], figures), "",
+        *published.notes(PUBLISHED)]
+
+
+def _target_lines(report) -> list[str]:
+    """The nine-set targets: HAP's verdict per set, the epoch timing and
+    the targets table."""
+    t = report["targets"]
+    lines = ["", f"## Target: HAP best or within one std of the best on "
+             f">= {WINS_NEEDED} of {len(DATASETS)}", ""]
     for dataset, row in t["per_dataset"].items():
         lines.append(
             f"- {dataset}: HAP {row['verdict']} ({100 * row['hap']:.2f}; "
@@ -365,7 +378,7 @@ def markdown(report) -> str:
                       f"batch {b}: HAP {v['hap']:.3f}, DiffPool "
                       f"{v['diffpool']:.3f}" for b, v in sizes.items())
                   + "."]
-    lines += ["", common.targets_table([
+    return lines + ["", common.targets_table([
         common.target(1, f"datasets where HAP is best or within one std "
                       f"({len(t['per_dataset'])} of {len(DATASETS)} run)",
                       t["hap_ok"] if complete else None, ">=", WINS_NEEDED),
@@ -375,11 +388,19 @@ def markdown(report) -> str:
         common.target(3, f"HAP's seconds per epoch / DiffPool's on "
                       f"{EPOCH_SET}, batch {b}", v.get("ratio"), "<=",
                       EPOCH_RATIO_MAX) for b, v in sizes.items())])]
-    lines += pooling_defaults.markdown(report.get("issue36") or {},
-                                      records, common,
-                                      report.get("against_old") or [])
-    lines += pooling_reference.markdown(report.get("against") or [],
-                                        config.get("reference"), common)
+
+
+def markdown(report) -> str:
+    """The run's markdown: protocol, tables, the nine-set targets, issue
+    36's section and the earlier run set beside this one."""
+    lines = [*_protocol_lines(report), *_table_lines(report),
+             *_target_lines(report)]
+    lines += pooling_defaults.markdown(
+        report.get("issue36") or {}, report["records"], common,
+        report.get("against_old") or [])
+    lines += pooling_reference.markdown(
+        report.get("against") or [], report["config"].get("reference"),
+        common)
     if report.get("note"):
         lines += ["", report["note"]]
     return "\n".join(lines) + "\n"

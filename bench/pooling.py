@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import time
+from collections import Counter
 from concurrent.futures import (
     ProcessPoolExecutor,
     ThreadPoolExecutor,
@@ -146,10 +147,7 @@ def configurations_run(report) -> tuple[dict, int]:
     grid)``: a model's pick on a set is the grid's once they are equal."""
     from hmgraph.selection import parse_grid
 
-    counts = {}
-    for r in report["records"]:
-        key = r["dataset"], r["model"]
-        counts[key] = counts.get(key, 0) + 1
+    counts = Counter((r["dataset"], r["model"]) for r in report["records"])
     return counts, len(parse_grid(report["config"]["grid"]))
 
 
@@ -423,14 +421,14 @@ def write(report, out):
     old = {} if Path(out).resolve() == pooling_defaults.OLD_TABLE \
         else pooling_defaults.old_selected()
     counts, size = configurations_run(report)
+    complete = {key for key, n in counts.items() if n == size}
     report["issue36"] = pooling_defaults.targets(
         report["records"], selected, report["config"]["datasets"], old, [
             d for d in report["config"]["datasets"]
-            if counts.get((d, "hap")) == size]) \
+            if (d, "hap") in complete]) \
         if report["config"].get("selection") != "holdout" else {}
     report["against_old"] = pooling_defaults.against_old(
-        selected, {k for k, n in counts.items() if n == size}, old) \
-        if report["issue36"] else []
+        selected, complete, old) if report["issue36"] else []
     reference = report["config"].get("reference")
     report["against"] = pooling_reference.compare(
         report["records"], pooling_reference.load(
